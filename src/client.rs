@@ -1,0 +1,612 @@
+//! Kubernetes API client construction: one process-wide token bucket and
+//! client-go compatible request metrics.
+//!
+//! Every request the process sends (lists, watch starts, gets, creates,
+//! patches, lease renewals) passes through a single [`ClientLayer`], the
+//! equivalent of client-go's QPS/burst limiter plus its `rest_client_*`
+//! metrics. The layer sits outside kube's own retry layer, so a request that
+//! kube retries internally (429/503/504) takes one token and is counted once.
+
+use std::fmt;
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use http::{Request, Response};
+use kube::client::ClientBuilder;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use tower::buffer::BufferLayer;
+use tower::{Layer, Service, ServiceExt};
+
+/// kube-controller-manager's `--kube-api-qps` default.
+pub const DEFAULT_QPS: f32 = 20.0;
+/// kube-controller-manager's `--kube-api-burst` default.
+pub const DEFAULT_BURST: u32 = 30;
+
+/// Latency buckets client-go uses for `rest_client_request_duration_seconds`
+/// and `rest_client_rate_limiter_duration_seconds`.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+];
+
+/// `code` label value for requests that failed without an HTTP response
+/// (connection refused, TLS failure, timeout), as in client-go.
+pub const ERROR_CODE_LABEL: &str = "<error>";
+
+/// Depth of the queue in front of kube's (non-cloneable) HTTP stack; it lets
+/// the limiter wait per request instead of blocking the whole client.
+const BUFFER_CAPACITY: usize = 1024;
+
+/// How to reach the API server and how fast to talk to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientOptions {
+    /// Sustained requests per second across the whole process. Fractions are
+    /// allowed (`0.5` = one request every two seconds). `qps <= 0` (or
+    /// infinity) disables client-side rate limiting entirely, as client-go
+    /// does for a negative QPS.
+    pub qps: f32,
+    /// Requests that may be sent back to back before pacing starts. A burst
+    /// of 0 with a positive QPS is treated as 1 (client-go would reject every
+    /// request instead).
+    pub burst: u32,
+    /// Explicit kubeconfig file. `None` infers the configuration: `KUBECONFIG`
+    /// or `~/.kube/config`, then the in-cluster service account.
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            qps: DEFAULT_QPS,
+            burst: DEFAULT_BURST,
+            kubeconfig: None,
+        }
+    }
+}
+
+/// Builds the process-wide client: configuration from `opts`, one token
+/// bucket for all requests, and the `rest_client_*` metrics registered in
+/// `registry`.
+///
+/// Clone the returned client rather than calling this twice: each call makes
+/// its own bucket, and registering the metrics a second time in the same
+/// registry fails.
+pub async fn build_client(
+    opts: &ClientOptions,
+    registry: &Registry,
+) -> anyhow::Result<kube::Client> {
+    let config = load_config(opts).await?;
+
+    let metrics = ClientMetrics::new();
+    metrics
+        .register(registry)
+        .context("registering rest_client metrics (build one client per registry and clone it)")?;
+
+    // client-go's `host` label is the URL's host[:port].
+    let host = config
+        .cluster_url
+        .authority()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let layer = ClientLayer::new(opts.qps, opts.burst, metrics, host.clone())?;
+
+    tracing::info!(
+        %host,
+        qps = opts.qps,
+        burst = opts.burst,
+        rate_limited = layer.is_rate_limited(),
+        "built Kubernetes client"
+    );
+
+    let client = ClientBuilder::try_from(config)
+        .context("building the Kubernetes client from its configuration")?
+        // kube's stack is a BoxService (not Clone); the buffer gives the
+        // limiter a cloneable handle so one slow token does not stall the
+        // dispatch of others.
+        .with_layer(&BufferLayer::<Request<kube::client::Body>>::new(
+            BUFFER_CAPACITY,
+        ))
+        .with_layer(&layer)
+        .build();
+    Ok(client)
+}
+
+/// Loads the client configuration: the explicit kubeconfig if given,
+/// otherwise kube's inference (KUBECONFIG / ~/.kube/config, then in-cluster).
+async fn load_config(opts: &ClientOptions) -> anyhow::Result<kube::Config> {
+    if let Some(path) = &opts.kubeconfig {
+        let kubeconfig = Kubeconfig::read_from(path)
+            .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+        return kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .with_context(|| format!("loading kubeconfig {}", path.display()));
+    }
+    kube::Config::infer().await.map_err(|err| {
+        // kube's error lists both sources that failed; say what to do about it.
+        anyhow::anyhow!(
+            "no usable Kubernetes client configuration found: set KUBECONFIG, pass --kubeconfig, \
+             or run inside a cluster with a service account ({err})"
+        )
+    })
+}
+
+/// Turns QPS/burst into a governor quota; `None` means unlimited.
+///
+/// The quota replenishes one token every `1/qps` seconds (so fractional QPS
+/// works) and holds at most `burst` tokens, like client-go's token bucket.
+pub fn quota(qps: f32, burst: u32) -> anyhow::Result<Option<Quota>> {
+    if qps.is_nan() {
+        bail!("invalid client QPS: NaN");
+    }
+    if qps <= 0.0 || qps.is_infinite() {
+        return Ok(None);
+    }
+    let Ok(period) = Duration::try_from_secs_f64(1.0 / f64::from(qps)) else {
+        bail!("client QPS {qps} is too small to express as a refill period");
+    };
+    // A period that rounds to zero nanoseconds is indistinguishable from no limit.
+    let Some(quota) = Quota::with_period(period) else {
+        return Ok(None);
+    };
+    let burst = NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN);
+    Ok(Some(quota.allow_burst(burst)))
+}
+
+/// The client-go `rest_client_*` metrics. Cloning shares the underlying
+/// collectors.
+#[derive(Clone)]
+pub struct ClientMetrics {
+    requests: IntCounterVec,
+    request_duration: HistogramVec,
+    rate_limiter_duration: HistogramVec,
+}
+
+impl Default for ClientMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for ClientMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientMetrics").finish_non_exhaustive()
+    }
+}
+
+impl ClientMetrics {
+    /// Creates unregistered collectors.
+    pub fn new() -> Self {
+        // The names, labels and buckets are constants; construction can only
+        // fail on invalid ones, which the tests would catch.
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "rest_client_requests_total",
+                "Number of HTTP requests, partitioned by status code, method, and host.",
+            ),
+            &["code", "host", "method"],
+        )
+        .expect("valid rest_client_requests_total definition");
+        let request_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "rest_client_request_duration_seconds",
+                "Request latency in seconds. Broken down by verb and host.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["verb", "host"],
+        )
+        .expect("valid rest_client_request_duration_seconds definition");
+        let rate_limiter_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "rest_client_rate_limiter_duration_seconds",
+                "Client side rate limiter latency in seconds. Broken down by verb and host.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["verb", "host"],
+        )
+        .expect("valid rest_client_rate_limiter_duration_seconds definition");
+        Self {
+            requests,
+            request_duration,
+            rate_limiter_duration,
+        }
+    }
+
+    /// Registers all three collectors.
+    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(self.requests.clone()))?;
+        registry.register(Box::new(self.request_duration.clone()))?;
+        registry.register(Box::new(self.rate_limiter_duration.clone()))?;
+        Ok(())
+    }
+
+    /// `rest_client_requests_total{code,host,method}`.
+    pub fn requests_total(&self, code: &str, host: &str, method: &str) -> u64 {
+        self.requests.with_label_values(&[code, host, method]).get()
+    }
+
+    /// Number of `rest_client_request_duration_seconds{verb,host}` samples.
+    pub fn request_duration_count(&self, verb: &str, host: &str) -> u64 {
+        self.request_duration
+            .with_label_values(&[verb, host])
+            .get_sample_count()
+    }
+
+    /// Sample count and total seconds of
+    /// `rest_client_rate_limiter_duration_seconds{verb,host}`.
+    pub fn rate_limiter_wait(&self, verb: &str, host: &str) -> (u64, f64) {
+        let h = self.rate_limiter_duration.with_label_values(&[verb, host]);
+        (h.get_sample_count(), h.get_sample_sum())
+    }
+}
+
+/// Tower layer: waits for a token from the shared bucket, then sends the
+/// request and records the `rest_client_*` metrics.
+#[derive(Clone)]
+pub struct ClientLayer {
+    limiter: Option<Arc<DefaultDirectRateLimiter>>,
+    metrics: ClientMetrics,
+    host: Arc<str>,
+}
+
+impl fmt::Debug for ClientLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientLayer")
+            .field("rate_limited", &self.limiter.is_some())
+            .field("host", &self.host)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientLayer {
+    /// `host` labels requests whose URI carries no authority (kube adds the
+    /// cluster URL further down the stack).
+    pub fn new(
+        qps: f32,
+        burst: u32,
+        metrics: ClientMetrics,
+        host: impl Into<String>,
+    ) -> anyhow::Result<Self> {
+        let limiter = quota(qps, burst)?.map(|q| Arc::new(RateLimiter::direct(q)));
+        Ok(Self {
+            limiter,
+            metrics,
+            host: host.into().into(),
+        })
+    }
+
+    /// Whether requests wait for tokens at all.
+    pub fn is_rate_limited(&self) -> bool {
+        self.limiter.is_some()
+    }
+}
+
+impl<S> Layer<S> for ClientLayer {
+    type Service = ClientService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ClientService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// Service produced by [`ClientLayer`].
+#[derive(Clone, Debug)]
+pub struct ClientService<S> {
+    inner: S,
+    layer: ClientLayer,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+impl<S, B, RB> Service<Request<B>> for ClientService<S>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Always ready: the token wait and the inner readiness happen inside
+        // the response future, per request, so no caller blocks another's
+        // dispatch.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let inner = self.inner.clone();
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let method = req.method().as_str().to_owned();
+            let host = req
+                .uri()
+                .authority()
+                .map(|a| a.as_str().to_owned())
+                .unwrap_or_else(|| layer.host.to_string());
+            let labels = [method.as_str(), host.as_str()];
+
+            if let Some(limiter) = &layer.limiter {
+                let waiting = Instant::now();
+                limiter.until_ready().await;
+                layer
+                    .metrics
+                    .rate_limiter_duration
+                    .with_label_values(&labels)
+                    .observe(waiting.elapsed().as_secs_f64());
+            }
+
+            // Latency is measured from after the token to response headers,
+            // matching client-go (throttling is reported separately above).
+            let sent = Instant::now();
+            let result = inner.oneshot(req).await;
+            layer
+                .metrics
+                .request_duration
+                .with_label_values(&labels)
+                .observe(sent.elapsed().as_secs_f64());
+
+            let code = match &result {
+                Ok(resp) => resp.status().as_u16().to_string(),
+                Err(_) => ERROR_CODE_LABEL.to_owned(),
+            };
+            layer
+                .metrics
+                .requests
+                .with_label_values(&[code.as_str(), host.as_str(), method.as_str()])
+                .inc();
+            result
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use governor::clock::FakeRelativeClock;
+    use http::{Method, StatusCode};
+    use std::convert::Infallible;
+
+    fn ok_service() -> impl Service<
+        Request<()>,
+        Response = Response<()>,
+        Error = Infallible,
+        Future = impl Send + 'static,
+    > + Clone
+    + Send
+    + 'static {
+        tower::service_fn(|_req: Request<()>| async { Ok::<_, Infallible>(Response::new(())) })
+    }
+
+    #[test]
+    fn unlimited_for_non_positive_or_infinite_qps() {
+        assert!(quota(0.0, 10).unwrap().is_none());
+        assert!(quota(-1.0, 10).unwrap().is_none());
+        assert!(quota(f32::INFINITY, 10).unwrap().is_none());
+        assert!(quota(f32::NAN, 10).is_err());
+    }
+
+    #[test]
+    fn quota_period_and_burst() {
+        let q = quota(20.0, 30).unwrap().unwrap();
+        assert_eq!(q.replenish_interval(), Duration::from_millis(50));
+        assert_eq!(q.burst_size().get(), 30);
+
+        let q = quota(0.5, 0).unwrap().unwrap();
+        assert_eq!(q.replenish_interval(), Duration::from_secs(2));
+        assert_eq!(q.burst_size().get(), 1, "burst 0 is treated as 1");
+    }
+
+    #[test]
+    fn bucket_allows_burst_then_paces_at_qps() {
+        let clock = FakeRelativeClock::default();
+        let limiter =
+            RateLimiter::direct_with_clock(quota(10.0, 3).unwrap().unwrap(), clock.clone());
+
+        for i in 0..3 {
+            assert!(limiter.check().is_ok(), "burst token {i}");
+        }
+        assert!(limiter.check().is_err(), "bucket empty after burst");
+
+        clock.advance(Duration::from_millis(90));
+        assert!(limiter.check().is_err(), "no token before 1/qps");
+        clock.advance(Duration::from_millis(10));
+        assert!(limiter.check().is_ok(), "one token per 1/qps");
+        assert!(limiter.check().is_err());
+
+        // Idle time refills up to the burst, not beyond.
+        clock.advance(Duration::from_secs(10));
+        for _ in 0..3 {
+            assert!(limiter.check().is_ok());
+        }
+        assert!(limiter.check().is_err());
+    }
+
+    #[test]
+    fn fractional_qps_paces_slower_than_one_per_second() {
+        let clock = FakeRelativeClock::default();
+        let limiter =
+            RateLimiter::direct_with_clock(quota(0.5, 1).unwrap().unwrap(), clock.clone());
+        assert!(limiter.check().is_ok());
+        clock.advance(Duration::from_millis(1900));
+        assert!(limiter.check().is_err());
+        clock.advance(Duration::from_millis(100));
+        assert!(limiter.check().is_ok());
+    }
+
+    #[tokio::test]
+    async fn layer_paces_requests_and_records_wait() {
+        // 20 QPS (50ms per token), burst 3: seven requests need four refills,
+        // so at least ~200ms. Only generous bounds, the machine may be busy.
+        let metrics = ClientMetrics::new();
+        let layer = ClientLayer::new(20.0, 3, metrics.clone(), "api:6443").unwrap();
+        let svc = layer.layer(ok_service());
+
+        let start = Instant::now();
+        for _ in 0..7 {
+            svc.clone().oneshot(Request::new(())).await.unwrap();
+        }
+        let elapsed = start.elapsed();
+        assert!(
+            elapsed >= Duration::from_millis(150),
+            "too fast: {elapsed:?}"
+        );
+        assert!(elapsed < Duration::from_secs(5), "too slow: {elapsed:?}");
+
+        let (count, waited) = metrics.rate_limiter_wait("GET", "api:6443");
+        assert_eq!(count, 7);
+        assert!(waited >= 0.15, "recorded wait {waited}s");
+        assert_eq!(metrics.requests_total("200", "api:6443", "GET"), 7);
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_share_one_bucket() {
+        let metrics = ClientMetrics::new();
+        let layer = ClientLayer::new(20.0, 2, metrics.clone(), "api").unwrap();
+        let svc = layer.layer(ok_service());
+
+        let start = Instant::now();
+        let calls = (0..6).map(|_| svc.clone().oneshot(Request::new(())));
+        futures::future::try_join_all(calls).await.unwrap();
+        // Four refills of 50ms regardless of how many callers wait at once.
+        assert!(start.elapsed() >= Duration::from_millis(150));
+    }
+
+    #[tokio::test]
+    async fn unlimited_layer_does_not_wait() {
+        let metrics = ClientMetrics::new();
+        let layer = ClientLayer::new(0.0, 0, metrics.clone(), "api").unwrap();
+        assert!(!layer.is_rate_limited());
+        let svc = layer.layer(ok_service());
+        for _ in 0..100 {
+            svc.clone().oneshot(Request::new(())).await.unwrap();
+        }
+        assert_eq!(metrics.rate_limiter_wait("GET", "api").0, 0);
+        assert_eq!(metrics.requests_total("200", "api", "GET"), 100);
+    }
+
+    #[tokio::test]
+    async fn metrics_label_code_method_and_host() {
+        let metrics = ClientMetrics::new();
+        let registry = Registry::new();
+        metrics.register(&registry).unwrap();
+        let layer = ClientLayer::new(0.0, 0, metrics.clone(), "10.0.0.1:6443").unwrap();
+
+        let svc = layer.layer(tower::service_fn(|req: Request<()>| async move {
+            match req.uri().path() {
+                "/fail" => Err("connection refused"),
+                "/missing" => Ok(Response::builder()
+                    .status(StatusCode::NOT_FOUND)
+                    .body(())
+                    .unwrap()),
+                _ => Ok(Response::new(())),
+            }
+        }));
+
+        let req = |method: Method, uri: &str| {
+            Request::builder().method(method).uri(uri).body(()).unwrap()
+        };
+        svc.clone()
+            .oneshot(req(Method::GET, "/missing"))
+            .await
+            .unwrap();
+        svc.clone()
+            .oneshot(req(Method::PATCH, "/ok"))
+            .await
+            .unwrap();
+        assert!(
+            svc.clone()
+                .oneshot(req(Method::POST, "/fail"))
+                .await
+                .is_err()
+        );
+        // An absolute URI names its own host.
+        svc.clone()
+            .oneshot(req(Method::DELETE, "https://other:443/ok"))
+            .await
+            .unwrap();
+
+        assert_eq!(metrics.requests_total("404", "10.0.0.1:6443", "GET"), 1);
+        assert_eq!(metrics.requests_total("200", "10.0.0.1:6443", "PATCH"), 1);
+        assert_eq!(
+            metrics.requests_total("<error>", "10.0.0.1:6443", "POST"),
+            1
+        );
+        assert_eq!(metrics.requests_total("200", "other:443", "DELETE"), 1);
+        assert_eq!(metrics.request_duration_count("POST", "10.0.0.1:6443"), 1);
+
+        let text = prometheus::TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .unwrap();
+        assert!(text.contains(
+            r#"rest_client_requests_total{code="404",host="10.0.0.1:6443",method="GET"} 1"#
+        ));
+        assert!(text.contains("rest_client_request_duration_seconds_bucket"));
+        assert!(text.contains(r#"le="0.005""#) && text.contains(r#"le="60""#));
+    }
+
+    #[test]
+    fn registering_twice_fails_clearly() {
+        let registry = Registry::new();
+        ClientMetrics::new().register(&registry).unwrap();
+        assert!(ClientMetrics::new().register(&registry).is_err());
+    }
+
+    #[tokio::test]
+    async fn missing_kubeconfig_file_is_reported() {
+        let opts = ClientOptions {
+            kubeconfig: Some(PathBuf::from("/nonexistent/kubeconfig")),
+            ..ClientOptions::default()
+        };
+        let Err(err) = build_client(&opts, &Registry::new()).await else {
+            panic!("expected an error for a missing kubeconfig");
+        };
+        assert!(
+            format!("{err:#}").contains("/nonexistent/kubeconfig"),
+            "{err:#}"
+        );
+    }
+
+    #[tokio::test]
+    async fn builds_client_from_kubeconfig_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(
+            &path,
+            r#"apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:6443", insecure-skip-tls-verify: true}
+users:
+- name: u
+  user: {token: abc}
+contexts:
+- name: ctx
+  context: {cluster: c, user: u, namespace: ns1}
+current-context: ctx
+"#,
+        )
+        .unwrap();
+        let opts = ClientOptions {
+            kubeconfig: Some(path),
+            ..ClientOptions::default()
+        };
+        let registry = Registry::new();
+        let client = build_client(&opts, &registry).await.unwrap();
+        assert_eq!(client.default_namespace(), "ns1");
+        // The collectors are registered (label-less vecs show up once used).
+        assert!(build_client(&opts, &registry).await.is_err());
+    }
+}

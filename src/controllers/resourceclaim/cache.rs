@@ -1,0 +1,386 @@
+//! In-memory caches fed by the watches, with the secondary indexes the
+//! controller looks things up by.
+//!
+//! A small store of our own instead of kube-runtime's reflector store: we
+//! need secondary indexes (pods by claim, pods by template, claims by owner
+//! UID), the "created a moment ago" overlay for claims, and control over
+//! which pods are kept at all.
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use super::views::{ClaimView, PodView, TemplateView};
+use crate::naming::{controlling_pod, resolve_claim};
+
+/// `namespace/name`.
+pub fn object_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// Index functions: an object maps to the index values it is found under.
+pub type IndexFn<K> = fn(&K) -> Vec<String>;
+
+/// A map of objects by `namespace/name` with secondary indexes.
+pub struct Store<K> {
+    inner: RwLock<StoreInner<K>>,
+    index_fns: Vec<(&'static str, IndexFn<K>)>,
+}
+
+struct StoreInner<K> {
+    objects: HashMap<String, Arc<K>>,
+    /// index name -> index value -> object keys
+    indexes: HashMap<&'static str, HashMap<String, BTreeSet<String>>>,
+}
+
+impl<K> Store<K> {
+    pub fn new(index_fns: Vec<(&'static str, IndexFn<K>)>) -> Self {
+        Store {
+            inner: RwLock::new(StoreInner {
+                objects: HashMap::new(),
+                indexes: HashMap::new(),
+            }),
+            index_fns,
+        }
+    }
+
+    pub fn get(&self, key: &str) -> Option<Arc<K>> {
+        self.inner.read().unwrap().objects.get(key).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.read().unwrap().objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn list(&self) -> Vec<Arc<K>> {
+        self.inner
+            .read()
+            .unwrap()
+            .objects
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn by_index(&self, index: &str, value: &str) -> Vec<Arc<K>> {
+        let inner = self.inner.read().unwrap();
+        let Some(keys) = inner.indexes.get(index).and_then(|i| i.get(value)) else {
+            return Vec::new();
+        };
+        keys.iter()
+            .filter_map(|k| inner.objects.get(k).cloned())
+            .collect()
+    }
+
+    /// Inserts or replaces; returns the previous object.
+    pub fn apply(&self, key: String, obj: Arc<K>) -> Option<Arc<K>> {
+        let mut inner = self.inner.write().unwrap();
+        let old = inner.objects.insert(key.clone(), obj.clone());
+        if let Some(old) = &old {
+            self.unindex(&mut inner, &key, old);
+        }
+        self.index(&mut inner, &key, &obj);
+        old
+    }
+
+    pub fn delete(&self, key: &str) -> Option<Arc<K>> {
+        let mut inner = self.inner.write().unwrap();
+        let old = inner.objects.remove(key);
+        if let Some(old) = &old {
+            self.unindex(&mut inner, key, old);
+        }
+        old
+    }
+
+    /// Replaces everything (after a relist); returns the objects that are gone.
+    pub fn replace(&self, objects: Vec<(String, Arc<K>)>) -> Vec<Arc<K>> {
+        let mut inner = self.inner.write().unwrap();
+        let mut old = std::mem::take(&mut inner.objects);
+        inner.indexes.clear();
+        for (key, obj) in objects {
+            old.remove(&key);
+            self.index(&mut inner, &key, &obj);
+            inner.objects.insert(key, obj);
+        }
+        old.into_values().collect()
+    }
+
+    fn index(&self, inner: &mut StoreInner<K>, key: &str, obj: &K) {
+        for (name, f) in &self.index_fns {
+            for value in f(obj) {
+                inner
+                    .indexes
+                    .entry(name)
+                    .or_default()
+                    .entry(value)
+                    .or_default()
+                    .insert(key.to_string());
+            }
+        }
+    }
+
+    fn unindex(&self, inner: &mut StoreInner<K>, key: &str, obj: &K) {
+        for (name, f) in &self.index_fns {
+            let Some(index) = inner.indexes.get_mut(name) else {
+                continue;
+            };
+            for value in f(obj) {
+                if let Some(keys) = index.get_mut(&value) {
+                    keys.remove(key);
+                    if keys.is_empty() {
+                        index.remove(&value);
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub const PODS_BY_CLAIM: &str = "pods-by-claim";
+pub const PODS_BY_TEMPLATE: &str = "pods-by-template";
+pub const CLAIMS_BY_OWNER_UID: &str = "claims-by-owner-uid";
+
+/// `namespace/claim` for every claim the pod resolves to, the
+/// extended-resource claim included.
+fn pod_claim_index(pod: &PodView) -> Vec<String> {
+    let mut keys: Vec<String> = pod
+        .spec
+        .resource_claims
+        .iter()
+        .filter_map(|entry| resolve_claim(entry, &pod.status.resource_claim_statuses).name())
+        .map(|name| object_key(pod.namespace(), name))
+        .collect();
+    if let Some(name) = pod.extended_claim_name() {
+        keys.push(object_key(pod.namespace(), name));
+    }
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+fn pod_template_index(pod: &PodView) -> Vec<String> {
+    let mut keys: Vec<String> = pod
+        .spec
+        .resource_claims
+        .iter()
+        .filter_map(|e| e.resource_claim_template_name.as_deref())
+        .map(|t| object_key(pod.namespace(), t))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+fn claim_owner_index(claim: &ClaimView) -> Vec<String> {
+    controlling_pod(claim.owner_references())
+        .map(|(_, uid)| vec![uid.to_string()])
+        .unwrap_or_default()
+}
+
+/// How long a claim created by this process is remembered while the watch
+/// has not delivered it. The watch normally catches up within a second.
+const CREATED_CLAIM_TTL: Duration = Duration::from_secs(600);
+
+/// The three caches plus what the controller remembers beyond them.
+pub struct Caches {
+    pub pods: Store<PodView>,
+    pub claims: Store<ClaimView>,
+    pub templates: Store<TemplateView>,
+    /// Claims this process created that the claim watch has not shown yet.
+    created: Mutex<HashMap<String, (Arc<ClaimView>, Instant)>>,
+    /// UIDs of pods seen deleted recently.
+    pub deleted_pods: UidLru,
+}
+
+impl Default for Caches {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Caches {
+    pub fn new() -> Self {
+        Caches {
+            pods: Store::new(vec![
+                (PODS_BY_CLAIM, pod_claim_index as IndexFn<PodView>),
+                (PODS_BY_TEMPLATE, pod_template_index),
+            ]),
+            claims: Store::new(vec![(
+                CLAIMS_BY_OWNER_UID,
+                claim_owner_index as IndexFn<ClaimView>,
+            )]),
+            templates: Store::new(Vec::new()),
+            created: Mutex::new(HashMap::new()),
+            deleted_pods: UidLru::new(500),
+        }
+    }
+
+    /// A claim by name: the watch's view first, else one we just created.
+    pub fn claim(&self, namespace: &str, name: &str) -> Option<Arc<ClaimView>> {
+        let key = object_key(namespace, name);
+        self.claims.get(&key).or_else(|| {
+            let created = self.created.lock().unwrap();
+            created.get(&key).map(|(c, _)| c.clone())
+        })
+    }
+
+    /// Claims controlled by the pod with `uid`, including ones just created.
+    pub fn claims_owned_by(&self, uid: &str) -> Vec<Arc<ClaimView>> {
+        let mut claims = self.claims.by_index(CLAIMS_BY_OWNER_UID, uid);
+        let created = self.created.lock().unwrap();
+        for (key, (claim, _)) in created.iter() {
+            let seen = claims
+                .iter()
+                .any(|c| object_key(c.namespace(), c.name()) == *key);
+            if !seen && claim_owner_index(claim).iter().any(|u| u == uid) {
+                claims.push(claim.clone());
+            }
+        }
+        claims
+    }
+
+    /// Remembers a claim this process created, until the watch shows it.
+    pub fn remember_created(&self, claim: ClaimView) {
+        let key = object_key(claim.namespace(), claim.name());
+        if self.claims.get(&key).is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let mut created = self.created.lock().unwrap();
+        created.retain(|_, (_, at)| now.duration_since(*at) < CREATED_CLAIM_TTL);
+        created.insert(key, (Arc::new(claim), now));
+    }
+
+    /// The watch delivered (or deleted) this claim: the overlay is no longer needed.
+    pub fn forget_created(&self, key: &str) {
+        self.created.lock().unwrap().remove(key);
+    }
+
+    pub fn created_len(&self) -> usize {
+        self.created.lock().unwrap().len()
+    }
+}
+
+/// A bounded set of UIDs that forgets the oldest first.
+pub struct UidLru {
+    inner: Mutex<(VecDeque<String>, HashSet<String>)>,
+    capacity: usize,
+}
+
+impl UidLru {
+    pub fn new(capacity: usize) -> Self {
+        UidLru {
+            inner: Mutex::new((VecDeque::new(), HashSet::new())),
+            capacity,
+        }
+    }
+
+    pub fn add(&self, uid: &str) {
+        let mut guard = self.inner.lock().unwrap();
+        let (order, set) = &mut *guard;
+        if !set.insert(uid.to_string()) {
+            return;
+        }
+        order.push_back(uid.to_string());
+        while order.len() > self.capacity {
+            if let Some(oldest) = order.pop_front() {
+                set.remove(&oldest);
+            }
+        }
+    }
+
+    pub fn contains(&self, uid: &str) -> bool {
+        self.inner.lock().unwrap().1.contains(uid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, uid: &str, status_claim: Option<&str>) -> PodView {
+        let statuses = match status_claim {
+            Some(c) => json!([{"name": "gpu", "resourceClaimName": c}]),
+            None => json!([]),
+        };
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": uid},
+            "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "tmpl"},
+                                        {"name": "shared", "resourceClaimName": "shared-claim"}]},
+            "status": {"resourceClaimStatuses": statuses}
+        }))
+        .unwrap()
+    }
+
+    fn claim(name: &str, owner_uid: &str) -> ClaimView {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": owner_uid, "controller": true}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn pod_indexes_follow_updates_and_deletes() {
+        let caches = Caches::new();
+        caches
+            .pods
+            .apply("ns/p".into(), Arc::new(pod("p", "u1", None)));
+        assert_eq!(
+            caches.pods.by_index(PODS_BY_CLAIM, "ns/shared-claim").len(),
+            1
+        );
+        assert_eq!(caches.pods.by_index(PODS_BY_TEMPLATE, "ns/tmpl").len(), 1);
+        assert!(caches.pods.by_index(PODS_BY_CLAIM, "ns/p-gpu-1").is_empty());
+        caches
+            .pods
+            .apply("ns/p".into(), Arc::new(pod("p", "u1", Some("p-gpu-1"))));
+        assert_eq!(caches.pods.by_index(PODS_BY_CLAIM, "ns/p-gpu-1").len(), 1);
+        caches.pods.delete("ns/p");
+        assert!(caches.pods.by_index(PODS_BY_CLAIM, "ns/p-gpu-1").is_empty());
+        assert!(caches.pods.by_index(PODS_BY_TEMPLATE, "ns/tmpl").is_empty());
+    }
+
+    #[test]
+    fn replace_reports_vanished_objects() {
+        let store: Store<PodView> = Store::new(vec![(PODS_BY_TEMPLATE, pod_template_index)]);
+        store.apply("ns/a".into(), Arc::new(pod("a", "ua", None)));
+        store.apply("ns/b".into(), Arc::new(pod("b", "ub", None)));
+        let gone = store.replace(vec![("ns/b".into(), Arc::new(pod("b", "ub", None)))]);
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].name(), "a");
+        assert_eq!(store.by_index(PODS_BY_TEMPLATE, "ns/tmpl").len(), 1);
+    }
+
+    #[test]
+    fn created_overlay_until_watch_catches_up() {
+        let caches = Caches::new();
+        caches.remember_created(claim("p-gpu-x", "u1"));
+        assert!(caches.claim("ns", "p-gpu-x").is_some());
+        assert_eq!(caches.claims_owned_by("u1").len(), 1);
+        assert!(caches.claims_owned_by("u2").is_empty());
+        // The watch delivers it: found once, not twice.
+        caches
+            .claims
+            .apply("ns/p-gpu-x".into(), Arc::new(claim("p-gpu-x", "u1")));
+        assert_eq!(caches.claims_owned_by("u1").len(), 1);
+        caches.forget_created("ns/p-gpu-x");
+        assert_eq!(caches.created_len(), 0);
+        assert_eq!(caches.claims_owned_by("u1").len(), 1);
+    }
+
+    #[test]
+    fn uid_lru_forgets_oldest() {
+        let lru = UidLru::new(2);
+        lru.add("a");
+        lru.add("b");
+        lru.add("a");
+        lru.add("c");
+        assert!(!lru.contains("a") && lru.contains("b") && lru.contains("c"));
+    }
+}

@@ -1,0 +1,209 @@
+//! Claim work: drop reservations of pods that are gone or done, deallocate
+//! claims nobody uses, release the delete-protection finalizer, delete
+//! generated claims whose pod is done.
+//!
+//! [`decide`] is pure over cached state plus the answers of live pod
+//! lookups; [`execute`] performs the writes.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use tracing::{debug, info};
+
+use super::Context;
+use super::cache::{Caches, object_key};
+use super::patch;
+use super::views::ClaimView;
+use crate::naming::{DELETE_PROTECTION_FINALIZER, controlling_pod};
+
+/// What a live GET said about a pod named in `reservedFor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LivePod {
+    /// No such pod, or one with another UID.
+    Gone,
+    /// The pod exists with this UID: keep the reservation (the scheduler may
+    /// be binding it right now; our watch has not caught up yet).
+    Present,
+}
+
+/// The writes claim work wants, in order.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ClaimActions {
+    /// New `reservedFor` (and whether to clear the allocation with it).
+    pub set_reserved_for: Option<(Vec<ResourceClaimConsumerReference>, bool)>,
+    /// Clear the allocation of a claim that is being deleted and unused.
+    pub deallocate: bool,
+    /// Remove the delete-protection finalizer once the allocation is gone.
+    pub release_finalizer: bool,
+    /// Delete the claim: its pod is done or was replaced.
+    pub delete: bool,
+}
+
+/// The outcome of deciding claim work.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimDecision {
+    /// These pods are in neither the cache nor the deleted set: ask the API
+    /// server, then decide again with the answers.
+    NeedLiveLookup(Vec<(String, String)>),
+    Act(ClaimActions),
+}
+
+fn is_pod_consumer(r: &ResourceClaimConsumerReference) -> bool {
+    r.api_group.as_deref().unwrap_or_default().is_empty() && r.resource == "pods"
+}
+
+/// Decides claim work. `live` holds answers for pods by UID.
+pub fn decide(
+    claim: &ClaimView,
+    caches: &Caches,
+    live: &HashMap<String, LivePod>,
+) -> ClaimDecision {
+    let ns = claim.namespace();
+    let reserved = &claim.status.reserved_for;
+    let mut remaining = Vec::with_capacity(reserved.len());
+    let mut lookups = Vec::new();
+    for consumer in reserved {
+        if !is_pod_consumer(consumer) {
+            // Other consumer kinds are someone else's business: keep them.
+            remaining.push(consumer.clone());
+            continue;
+        }
+        let keep = if caches.deleted_pods.contains(&consumer.uid) {
+            false
+        } else if let Some(pod) = caches.pods.get(&object_key(ns, &consumer.name)) {
+            pod.uid() == consumer.uid && !pod.is_done()
+        } else {
+            match live.get(&consumer.uid) {
+                Some(LivePod::Gone) => false,
+                Some(LivePod::Present) => true,
+                None => {
+                    lookups.push((consumer.name.clone(), consumer.uid.clone()));
+                    true
+                }
+            }
+        };
+        if keep {
+            remaining.push(consumer.clone());
+        }
+    }
+    if !lookups.is_empty() {
+        return ClaimDecision::NeedLiveLookup(lookups);
+    }
+
+    let protected = claim
+        .finalizers()
+        .iter()
+        .any(|f| f == DELETE_PROTECTION_FINALIZER);
+    let mut actions = ClaimActions::default();
+    if remaining.len() < reserved.len() {
+        // Deallocate on the transition from used to unused, so the devices
+        // are free for others and the next consumer is not tied to the
+        // node the previous one ran on.
+        let deallocate = remaining.is_empty() && protected && claim.is_allocated();
+        actions.set_reserved_for = Some((remaining.clone(), deallocate));
+        actions.release_finalizer = remaining.is_empty() && protected;
+    } else if protected && claim.is_deleting() && remaining.is_empty() {
+        actions.deallocate = claim.is_allocated();
+        actions.release_finalizer = true;
+    }
+
+    if remaining.is_empty()
+        && let Some((pod_name, pod_uid)) = controlling_pod(claim.owner_references())
+        && let Some(pod) = caches.pods.get(&object_key(ns, pod_name))
+        && (pod.uid() != pod_uid || pod.is_done())
+        && !claim.is_deleting()
+    {
+        actions.delete = true;
+    }
+    ClaimDecision::Act(actions)
+}
+
+/// Performs claim work for the cached claim.
+pub async fn execute(ctx: &Context, claim: &ClaimView) -> anyhow::Result<()> {
+    let (ns, name) = (claim.namespace().to_string(), claim.name().to_string());
+    let key = format!("{ns}/{name}");
+    let mut live = HashMap::new();
+    let actions = loop {
+        match decide(claim, &ctx.caches, &live) {
+            ClaimDecision::Act(actions) => break actions,
+            ClaimDecision::NeedLiveLookup(pods) => {
+                for (pod_name, uid) in pods {
+                    let state = lookup_pod(ctx, &ns, &pod_name, &uid).await?;
+                    debug!(claim = %key, pod = %format!("{ns}/{pod_name}"), ?state, "checked reserved pod with the API server");
+                    live.insert(uid, state);
+                }
+            }
+        }
+    };
+    if actions == ClaimActions::default() {
+        return Ok(());
+    }
+    let api: Api<ClaimView> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut current = claim.clone();
+    if let Some((remaining, deallocate)) = &actions.set_reserved_for {
+        let p = patch::remove_reservations(claim, remaining, *deallocate);
+        current = api
+            .patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(p))
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "removing stale status.reservedFor entries of ResourceClaim {key}: {e}"
+                )
+            })?;
+        info!(claim = %key, remaining = remaining.len(), deallocated = *deallocate, "removed stale reservations");
+    } else if actions.deallocate {
+        current = api
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch::deallocate(claim)),
+            )
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("clearing status.allocation of ResourceClaim {key}: {e}")
+            })?;
+        info!(claim = %key, "deallocated unused claim that is being deleted");
+    }
+    if actions.release_finalizer
+        && !current.is_allocated()
+        && let Some(p) = patch::remove_finalizer(&current, DELETE_PROTECTION_FINALIZER)
+    {
+        current = api
+            .patch(&name, &PatchParams::default(), &Patch::Json::<()>(p))
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "removing finalizer {DELETE_PROTECTION_FINALIZER} of ResourceClaim {key}: {e}"
+                )
+            })?;
+        info!(claim = %key, "removed delete-protection finalizer");
+    }
+    if actions.delete {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(claim.uid().to_string()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => info!(claim = %key, "deleted claim of a pod that is done or replaced"),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => anyhow::bail!("deleting unused generated ResourceClaim {key}: {e}"),
+        }
+    }
+    let _ = current;
+    Ok(())
+}
+
+async fn lookup_pod(ctx: &Context, ns: &str, name: &str, uid: &str) -> anyhow::Result<LivePod> {
+    let api: Api<super::views::PodView> = Api::namespaced(ctx.client.clone(), ns);
+    match api.get_opt(name).await {
+        Ok(Some(pod)) if pod.uid() == uid => Ok(LivePod::Present),
+        Ok(_) => Ok(LivePod::Gone),
+        Err(e) => Err(anyhow::anyhow!(
+            "looking up pod {ns}/{name} reserved in a claim: {e}"
+        )),
+    }
+}

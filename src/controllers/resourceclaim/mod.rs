@@ -1,0 +1,407 @@
+//! The ResourceClaim lifecycle controller: watches, caches, enqueue rules and
+//! the worker loop. Decisions live in `pod.rs` and `claim.rs`.
+
+pub mod cache;
+pub mod claim;
+pub mod enqueue;
+pub mod events;
+pub mod metrics;
+pub mod patch;
+pub mod pod;
+pub mod views;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use futures::{Stream, StreamExt};
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn};
+
+use crate::features::FeatureGates;
+use crate::workqueue::WorkQueue;
+use cache::{Caches, PODS_BY_CLAIM, PODS_BY_TEMPLATE, object_key};
+use enqueue::{WorkKey, keys_for_pod_event, pod_needs_work};
+use events::EventRecorder;
+use metrics::ControllerMetrics;
+use views::{ClaimView, PodView, TemplateView};
+
+/// The queue name, as kube-controller-manager's (`workqueue_*{name="resource_claim"}`).
+pub const QUEUE_NAME: &str = "resource_claim";
+
+/// Everything a sync needs.
+pub struct Context {
+    pub client: kube::Client,
+    pub caches: Arc<Caches>,
+    pub gates: FeatureGates,
+    pub events: EventRecorder,
+    pub metrics: ControllerMetrics,
+}
+
+/// The controller: three watches feeding caches, one queue, N workers.
+pub struct Controller {
+    ctx: Arc<Context>,
+    queue: WorkQueue<WorkKey>,
+    /// Only the leader enqueues; a standby keeps its caches warm.
+    leading: AtomicBool,
+    synced: watch::Sender<[bool; 3]>,
+    /// Objects of a (re)list, buffered until the list is complete.
+    pod_init: std::sync::Mutex<Vec<PodView>>,
+    claim_init: std::sync::Mutex<Vec<ClaimView>>,
+    template_init: std::sync::Mutex<Vec<TemplateView>>,
+}
+
+const PODS: usize = 0;
+const CLAIMS: usize = 1;
+const TEMPLATES: usize = 2;
+
+impl Controller {
+    pub fn new(
+        client: kube::Client,
+        gates: FeatureGates,
+        registry: &prometheus::Registry,
+        identity: &str,
+    ) -> anyhow::Result<Arc<Self>> {
+        let caches = Arc::new(Caches::new());
+        let metrics = ControllerMetrics::register(registry, caches.clone())?;
+        let ctx = Arc::new(Context {
+            events: EventRecorder::new(client.clone(), identity.to_string()),
+            client,
+            caches,
+            gates,
+            metrics,
+        });
+        Ok(Arc::new(Controller {
+            ctx,
+            queue: WorkQueue::new(QUEUE_NAME, Some(registry)),
+            leading: AtomicBool::new(false),
+            synced: watch::Sender::new([false; 3]),
+            pod_init: Default::default(),
+            claim_init: Default::default(),
+            template_init: Default::default(),
+        }))
+    }
+
+    pub fn caches(&self) -> &Arc<Caches> {
+        &self.ctx.caches
+    }
+
+    pub fn queue(&self) -> &WorkQueue<WorkKey> {
+        &self.queue
+    }
+
+    /// Resolves once the first list of every watch has been loaded.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.subscribe();
+        let _ = rx.wait_for(|s| s.iter().all(|b| *b)).await;
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced.borrow().iter().all(|b| *b)
+    }
+
+    /// Runs the three watches until the process ends. Watch errors are
+    /// retried with backoff by kube-runtime; a 410 Gone causes a relist.
+    pub async fn run_watches(self: Arc<Self>) {
+        let client = self.ctx.client.clone();
+        // Pages keep the memory of the initial list of a big cluster bounded.
+        let config = watcher::Config::default().page_size(500);
+        let pods =
+            watcher::watcher(Api::<PodView>::all(client.clone()), config.clone()).default_backoff();
+        let claims = watcher::watcher(Api::<ClaimView>::all(client.clone()), config.clone())
+            .default_backoff();
+        let templates =
+            watcher::watcher(Api::<TemplateView>::all(client), config).default_backoff();
+        tokio::join!(
+            self.clone().consume("pods", pods, Self::on_pods),
+            self.clone()
+                .consume("resourceclaims", claims, Self::on_claims),
+            self.clone()
+                .consume("resourceclaimtemplates", templates, Self::on_templates),
+        );
+    }
+
+    async fn consume<K, S>(
+        self: Arc<Self>,
+        what: &'static str,
+        stream: S,
+        handle: fn(&Self, Event<K>),
+    ) where
+        S: Stream<Item = Result<Event<K>, watcher::Error>>,
+    {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(event) => handle(&self, event),
+                Err(e) => warn!(resource = what, error = %e, "watch failed; retrying with backoff"),
+            }
+        }
+    }
+
+    fn enqueue(&self, keys: impl IntoIterator<Item = WorkKey>) {
+        if !self.leading.load(Ordering::Acquire) {
+            return;
+        }
+        for key in keys {
+            debug!(key = %key, "enqueue");
+            self.queue.add(key);
+        }
+    }
+
+    fn mark_synced(&self, index: usize) {
+        self.synced.send_modify(|s| s[index] = true);
+    }
+
+    fn on_pods(&self, event: Event<PodView>) {
+        let caches = &self.ctx.caches;
+        match event {
+            Event::Init => self.pod_buffer().clear(),
+            Event::InitApply(pod) => {
+                if pod.is_relevant() {
+                    self.pod_buffer().push(pod);
+                }
+            }
+            Event::InitDone => {
+                let pods: Vec<Arc<PodView>> = self.pod_buffer().drain(..).map(Arc::new).collect();
+                let entries = pods
+                    .iter()
+                    .map(|p| (object_key(p.namespace(), p.name()), p.clone()))
+                    .collect();
+                for gone in caches.pods.replace(entries) {
+                    self.pod_deleted(&gone);
+                }
+                for pod in &pods {
+                    self.enqueue(keys_for_pod_event(pod, false, caches));
+                }
+                info!(
+                    pods = caches.pods.len(),
+                    "pod cache loaded (pods with claims only)"
+                );
+                self.mark_synced(PODS);
+            }
+            Event::Apply(pod) => {
+                let key = object_key(pod.namespace(), pod.name());
+                if pod.is_relevant() {
+                    let pod = Arc::new(pod);
+                    caches.pods.apply(key, pod.clone());
+                    self.enqueue(keys_for_pod_event(&pod, false, caches));
+                } else if let Some(old) = caches.pods.delete(&key) {
+                    // Replaced under the same name by a pod without claims.
+                    self.pod_deleted(&old);
+                }
+            }
+            Event::Delete(pod) => {
+                let key = object_key(pod.namespace(), pod.name());
+                caches.pods.delete(&key);
+                if pod.is_relevant() {
+                    self.pod_deleted(&pod);
+                }
+            }
+        }
+    }
+
+    fn pod_deleted(&self, pod: &PodView) {
+        let caches = &self.ctx.caches;
+        caches.deleted_pods.add(pod.uid());
+        self.enqueue(keys_for_pod_event(pod, true, caches));
+    }
+
+    fn pod_buffer(&self) -> std::sync::MutexGuard<'_, Vec<PodView>> {
+        self.pod_init.lock().unwrap()
+    }
+
+    fn on_claims(&self, event: Event<ClaimView>) {
+        let caches = &self.ctx.caches;
+        match event {
+            Event::Init => self.claim_buffer().clear(),
+            Event::InitApply(claim) => self.claim_buffer().push(claim),
+            Event::InitDone => {
+                let claims: Vec<Arc<ClaimView>> =
+                    self.claim_buffer().drain(..).map(Arc::new).collect();
+                let entries = claims
+                    .iter()
+                    .map(|c| (object_key(c.namespace(), c.name()), c.clone()))
+                    .collect();
+                for gone in caches.claims.replace(entries) {
+                    caches.forget_created(&object_key(gone.namespace(), gone.name()));
+                    self.claim_changed(&gone, true);
+                }
+                // Startup (and every relist): check every claim once, for
+                // reservations that went stale while nobody watched.
+                for claim in &claims {
+                    caches.forget_created(&object_key(claim.namespace(), claim.name()));
+                    self.claim_changed(claim, false);
+                }
+                info!(claims = caches.claims.len(), "claim cache loaded");
+                self.mark_synced(CLAIMS);
+            }
+            Event::Apply(claim) => {
+                let key = object_key(claim.namespace(), claim.name());
+                let claim = Arc::new(claim);
+                caches.claims.apply(key.clone(), claim.clone());
+                caches.forget_created(&key);
+                self.claim_changed(&claim, false);
+            }
+            Event::Delete(claim) => {
+                let key = object_key(claim.namespace(), claim.name());
+                caches.claims.delete(&key);
+                caches.forget_created(&key);
+                self.claim_changed(&claim, true);
+            }
+        }
+    }
+
+    fn claim_buffer(&self) -> std::sync::MutexGuard<'_, Vec<ClaimView>> {
+        self.claim_init.lock().unwrap()
+    }
+
+    fn claim_changed(&self, claim: &ClaimView, deleted: bool) {
+        let caches = &self.ctx.caches;
+        let mut keys = Vec::new();
+        if !deleted {
+            keys.push(WorkKey::claim(claim.namespace(), claim.name()));
+        }
+        for pod in caches
+            .pods
+            .by_index(PODS_BY_CLAIM, &object_key(claim.namespace(), claim.name()))
+        {
+            keys.extend(keys_for_pod_event(&pod, false, caches));
+        }
+        self.enqueue(keys);
+    }
+
+    fn on_templates(&self, event: Event<TemplateView>) {
+        let caches = &self.ctx.caches;
+        match event {
+            Event::Init => self.template_buffer().clear(),
+            Event::InitApply(t) => self.template_buffer().push(t),
+            Event::InitDone => {
+                let templates: Vec<(String, Arc<TemplateView>)> = self
+                    .template_buffer()
+                    .drain(..)
+                    .map(|t| (object_key(t.namespace(), t.name()), Arc::new(t)))
+                    .collect();
+                let keys: Vec<String> = templates.iter().map(|(k, _)| k.clone()).collect();
+                caches.templates.replace(templates);
+                for key in keys {
+                    self.template_changed(&key);
+                }
+                self.mark_synced(TEMPLATES);
+            }
+            Event::Apply(t) => {
+                let key = object_key(t.namespace(), t.name());
+                caches.templates.apply(key.clone(), Arc::new(t));
+                self.template_changed(&key);
+            }
+            Event::Delete(t) => {
+                caches
+                    .templates
+                    .delete(&object_key(t.namespace(), t.name()));
+            }
+        }
+    }
+
+    fn template_buffer(&self) -> std::sync::MutexGuard<'_, Vec<TemplateView>> {
+        self.template_init.lock().unwrap()
+    }
+
+    fn template_changed(&self, key: &str) {
+        let caches = &self.ctx.caches;
+        let mut keys = Vec::new();
+        for pod in caches.pods.by_index(PODS_BY_TEMPLATE, key) {
+            keys.extend(keys_for_pod_event(&pod, false, caches));
+        }
+        self.enqueue(keys);
+    }
+
+    /// Called when this replica becomes leader: from now on events enqueue
+    /// work, and everything that happened before is swept once.
+    pub fn start_leading(&self) {
+        self.leading.store(true, Ordering::Release);
+        let caches = &self.ctx.caches;
+        let mut claims = 0;
+        for claim in caches.claims.list() {
+            self.queue
+                .add(WorkKey::claim(claim.namespace(), claim.name()));
+            claims += 1;
+        }
+        let mut pods = 0;
+        for pod in caches.pods.list() {
+            if pod_needs_work(&pod, caches).is_ok() {
+                self.queue.add(WorkKey::pod(pod.namespace(), pod.name()));
+                pods += 1;
+            }
+        }
+        info!(
+            claims,
+            pods, "leading: queued every claim and every pod that needs work"
+        );
+    }
+
+    /// Runs `workers` workers until the queue is shut down.
+    pub async fn run_workers(self: Arc<Self>, workers: usize) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..workers.max(1) {
+            let this = self.clone();
+            tasks.spawn(async move { this.worker().await });
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    async fn worker(&self) {
+        while let Some(key) = self.queue.get().await {
+            let started = Instant::now();
+            let result = self.sync(&key).await;
+            match result {
+                Ok(()) => {
+                    self.queue.forget(&key);
+                    debug!(key = %key, elapsed_ms = started.elapsed().as_millis() as u64, "synced");
+                }
+                Err(e) => {
+                    error!(key = %key, error = %format!("{e:#}"), "sync failed; retrying with backoff");
+                    self.queue.add_rate_limited(key.clone());
+                }
+            }
+            self.queue.done(&key);
+        }
+    }
+
+    /// One sync of one key, from the cache's current state.
+    pub async fn sync(&self, key: &WorkKey) -> anyhow::Result<()> {
+        let ctx = &self.ctx;
+        match key {
+            WorkKey::Pod { namespace, name } => {
+                let Some(pod) = ctx.caches.pods.get(&object_key(namespace, name)) else {
+                    debug!(pod = %format!("{namespace}/{name}"), "pod is gone; nothing to do");
+                    return Ok(());
+                };
+                let decision = pod::decide(&pod, &ctx.caches, ctx.gates);
+                if let Some(reason) = decision.skipped {
+                    debug!(pod = %format!("{namespace}/{name}"), reason, "nothing to do for pod");
+                }
+                if decision.is_noop() {
+                    return Ok(());
+                }
+                pod::execute(ctx, &pod, decision).await
+            }
+            WorkKey::Claim { namespace, name } => {
+                let Some(claim) = ctx.caches.claims.get(&object_key(namespace, name)) else {
+                    debug!(claim = %format!("{namespace}/{name}"), "claim is gone; nothing to do");
+                    return Ok(());
+                };
+                claim::execute(ctx, &claim).await
+            }
+        }
+    }
+
+    /// Stops handing out work and waits (bounded by the caller) for
+    /// in-flight syncs to finish.
+    pub async fn shut_down(&self) {
+        self.leading.store(false, Ordering::Release);
+        self.queue.shut_down();
+        self.queue.wait_idle().await;
+    }
+}

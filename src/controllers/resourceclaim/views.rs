@@ -1,0 +1,455 @@
+//! Slim views of the objects the controller watches.
+//!
+//! A cluster-wide pod watch dominates the memory of this controller. These
+//! types deserialize only the fields the controller reads (serde skips the
+//! rest without allocating), so managed fields, container specs, conditions
+//! and the like are never held in memory.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{PodResourceClaim, PodResourceClaimStatus};
+use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::Resource;
+use serde::{Deserialize, Deserializer};
+
+/// The metadata fields kept for every watched object.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct SlimMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    deletion_timestamp: Option<Time>,
+}
+
+/// Metadata of claims: also what ownership, adoption, finalizers and metrics read.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ClaimMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    deletion_timestamp: Option<Time>,
+    annotations: Option<BTreeMap<String, String>>,
+    owner_references: Option<Vec<OwnerReference>>,
+    finalizers: Option<Vec<String>>,
+}
+
+fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let m = SlimMeta::deserialize(d)?;
+    Ok(ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        uid: m.uid,
+        resource_version: m.resource_version,
+        deletion_timestamp: m.deletion_timestamp,
+        ..Default::default()
+    })
+}
+
+fn claim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let m = ClaimMeta::deserialize(d)?;
+    Ok(ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        uid: m.uid,
+        resource_version: m.resource_version,
+        deletion_timestamp: m.deletion_timestamp,
+        annotations: m.annotations,
+        owner_references: m.owner_references,
+        finalizers: m.finalizers,
+        ..Default::default()
+    })
+}
+
+/// `null` and absent both mean "empty" in the Kubernetes API.
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+macro_rules! namespaced_resource {
+    ($ty:ty, $group:expr, $version:expr, $kind:expr, $plural:expr) => {
+        impl Resource for $ty {
+            type DynamicType = ();
+            type Scope = NamespaceResourceScope;
+
+            fn kind(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed($kind)
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed($group)
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed($version)
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed($plural)
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+/// The fields of a Pod this controller reads.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct PodView {
+    #[serde(deserialize_with = "slim_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub spec: PodViewSpec,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub status: PodViewStatus,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodViewSpec {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub resource_claims: Vec<PodResourceClaim>,
+    pub node_name: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodViewStatus {
+    pub phase: Option<String>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub resource_claim_statuses: Vec<PodResourceClaimStatus>,
+    pub extended_resource_claim_status: Option<ExtendedClaimRef>,
+}
+
+/// `pod.status.extendedResourceClaimStatus`, name only.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtendedClaimRef {
+    #[serde(default)]
+    pub resource_claim_name: String,
+}
+
+namespaced_resource!(PodView, "", "v1", "Pod", "pods");
+
+impl PodView {
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+    pub fn namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or_default()
+    }
+    pub fn uid(&self) -> &str {
+        self.metadata.uid.as_deref().unwrap_or_default()
+    }
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+    pub fn node_name(&self) -> Option<&str> {
+        self.spec.node_name.as_deref().filter(|n| !n.is_empty())
+    }
+    /// Phase Succeeded or Failed: the pod will never run again.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self.status.phase.as_deref(), Some("Succeeded" | "Failed"))
+    }
+    /// Certain that no container runs or will run: terminal, or deleted
+    /// before it was ever scheduled.
+    pub fn is_done(&self) -> bool {
+        self.is_terminal() || (self.is_deleting() && self.node_name().is_none())
+    }
+    /// The claim the scheduler made for extended resources, if any.
+    pub fn extended_claim_name(&self) -> Option<&str> {
+        self.status
+            .extended_resource_claim_status
+            .as_ref()
+            .map(|s| s.resource_claim_name.as_str())
+            .filter(|n| !n.is_empty())
+    }
+    /// Whether the controller has anything to do with this pod at all. Pods
+    /// without claim entries or an extended-resource claim are not cached.
+    pub fn is_relevant(&self) -> bool {
+        !self.spec.resource_claims.is_empty()
+            || self.status.extended_resource_claim_status.is_some()
+    }
+}
+
+/// The fields of a ResourceClaim this controller reads.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ClaimView {
+    #[serde(deserialize_with = "claim_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub spec: ClaimViewSpec,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub status: ClaimViewStatus,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ClaimViewSpec {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub devices: DevicesView,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct DevicesView {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub requests: Vec<RequestView>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestView {
+    pub exactly: Option<ExactView>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub first_available: Vec<serde::de::IgnoredAny>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExactView {
+    pub admin_access: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimViewStatus {
+    /// Only whether it is there matters; its content stays on the server.
+    pub allocation: Option<serde::de::IgnoredAny>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub reserved_for: Vec<ResourceClaimConsumerReference>,
+}
+
+namespaced_resource!(
+    ClaimView,
+    "resource.k8s.io",
+    "v1",
+    "ResourceClaim",
+    "resourceclaims"
+);
+
+impl ClaimView {
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+    pub fn namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or_default()
+    }
+    pub fn uid(&self) -> &str {
+        self.metadata.uid.as_deref().unwrap_or_default()
+    }
+    pub fn is_allocated(&self) -> bool {
+        self.status.allocation.is_some()
+    }
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+    pub fn owner_references(&self) -> &[OwnerReference] {
+        self.metadata
+            .owner_references
+            .as_deref()
+            .unwrap_or_default()
+    }
+    pub fn finalizers(&self) -> &[String] {
+        self.metadata.finalizers.as_deref().unwrap_or_default()
+    }
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+    }
+    /// Whether any request asks for admin access (sub-requests of a
+    /// prioritized list cannot).
+    pub fn admin_access(&self) -> bool {
+        self.spec
+            .devices
+            .requests
+            .iter()
+            .any(|r| r.exactly.as_ref().and_then(|e| e.admin_access) == Some(true))
+    }
+    /// Whether the pod with this UID holds a reservation.
+    pub fn is_reserved_for(&self, uid: &str) -> bool {
+        self.status.reserved_for.iter().any(|r| r.uid == uid)
+    }
+}
+
+/// A ResourceClaimTemplate. Its `spec` is kept as raw JSON and copied into
+/// generated claims verbatim, so fields newer than this build's API types
+/// are carried over instead of being dropped.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct TemplateView {
+    #[serde(deserialize_with = "slim_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: serde_json::Value,
+}
+
+namespaced_resource!(
+    TemplateView,
+    "resource.k8s.io",
+    "v1",
+    "ResourceClaimTemplate",
+    "resourceclaimtemplates"
+);
+
+impl TemplateView {
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+    pub fn namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or_default()
+    }
+    fn requests(&self) -> impl Iterator<Item = &serde_json::Value> {
+        self.spec
+            .pointer("/spec/devices/requests")
+            .and_then(|r| r.as_array())
+            .into_iter()
+            .flatten()
+    }
+    /// Any request with `exactly.adminAccess: true` (needs DRAAdminAccess).
+    pub fn needs_admin_access(&self) -> bool {
+        self.requests()
+            .any(|r| r.pointer("/exactly/adminAccess").and_then(|v| v.as_bool()) == Some(true))
+    }
+    /// Any request with a non-empty `firstAvailable` list (needs DRAPrioritizedList).
+    pub fn has_prioritized_list(&self) -> bool {
+        self.requests().any(|r| {
+            r.get("firstAvailable")
+                .and_then(|v| v.as_array())
+                .is_some_and(|a| !a.is_empty())
+        })
+    }
+    /// `spec.metadata.labels` / `spec.metadata.annotations` of the template.
+    pub fn claim_metadata(&self, field: &str) -> BTreeMap<String, String> {
+        self.spec
+            .pointer(&format!("/metadata/{field}"))
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .unwrap_or_default()
+    }
+    /// `spec.spec`: the claim spec to copy.
+    pub fn claim_spec(&self) -> serde_json::Value {
+        self.spec
+            .get("spec")
+            .cloned()
+            .unwrap_or_else(|| serde_json::json!({}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pod_view_keeps_only_what_is_read() {
+        let pod: PodView = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                "labels": {"a": "b"}, "managedFields": [{"manager": "x"}]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready"}],
+                "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x"}],
+                "extendedResourceClaimStatus": {"resourceClaimName": "p-ext", "requestMappings": []}}
+        }))
+        .unwrap();
+        assert_eq!((pod.name(), pod.namespace(), pod.uid()), ("p", "ns", "u1"));
+        assert!(pod.metadata.labels.is_none() && pod.metadata.managed_fields.is_none());
+        assert_eq!(pod.node_name(), Some("n1"));
+        assert_eq!(pod.spec.resource_claims.len(), 1);
+        assert_eq!(
+            pod.status.resource_claim_statuses[0]
+                .resource_claim_name
+                .as_deref(),
+            Some("p-gpu-x")
+        );
+        assert_eq!(pod.extended_claim_name(), Some("p-ext"));
+        assert!(pod.is_relevant() && !pod.is_done());
+    }
+
+    #[test]
+    fn pod_done_rules() {
+        let mut pod = PodView::default();
+        assert!(!pod.is_done());
+        pod.status.phase = Some("Succeeded".into());
+        assert!(pod.is_done());
+        pod.status.phase = Some("Failed".into());
+        assert!(pod.is_done());
+        pod.status.phase = Some("Running".into());
+        pod.metadata.deletion_timestamp = Some(Time(Default::default()));
+        assert!(pod.is_done(), "deleted before scheduling");
+        pod.spec.node_name = Some("n".into());
+        assert!(
+            !pod.is_done(),
+            "deleted while running: containers may still run"
+        );
+        let nulls: PodView = serde_json::from_value(json!({
+            "metadata": {"name": "p"}, "spec": {"resourceClaims": null}, "status": null
+        }))
+        .unwrap();
+        assert!(!nulls.is_relevant());
+    }
+
+    #[test]
+    fn claim_view() {
+        let claim: ClaimView = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "cu",
+                "finalizers": ["resource.kubernetes.io/delete-protection"],
+                "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u1", "controller": true}]},
+            "spec": {"devices": {"requests": [
+                {"name": "a", "firstAvailable": [{"name": "s", "deviceClassName": "x"}]},
+                {"name": "b", "exactly": {"deviceClassName": "x", "adminAccess": true}}]}},
+            "status": {"allocation": {"devices": {"results": []}},
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "u1"}]}
+        }))
+        .unwrap();
+        assert!(claim.is_allocated() && claim.admin_access() && claim.is_reserved_for("u1"));
+        assert!(!claim.is_reserved_for("u2"));
+        assert_eq!(
+            claim.annotation(crate::naming::POD_CLAIM_NAME_ANNOTATION),
+            Some("gpu")
+        );
+        assert_eq!(claim.finalizers().len(), 1);
+        let bare: ClaimView = serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap();
+        assert!(!bare.is_allocated() && !bare.admin_access());
+    }
+
+    #[test]
+    fn template_view_gates_and_copy() {
+        let t: TemplateView = serde_json::from_value(json!({
+            "metadata": {"name": "t", "namespace": "ns"},
+            "spec": {"metadata": {"labels": {"l": "1"}, "annotations": {"a": "2"}},
+                "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu", "futureField": 1}}]}}}
+        }))
+        .unwrap();
+        assert!(!t.needs_admin_access() && !t.has_prioritized_list());
+        assert_eq!(
+            t.claim_metadata("labels").get("l").map(String::as_str),
+            Some("1")
+        );
+        assert_eq!(
+            t.claim_spec()["devices"]["requests"][0]["exactly"]["futureField"],
+            1
+        );
+        let gated: TemplateView = serde_json::from_value(json!({
+            "metadata": {"name": "t"},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "r", "exactly": {"deviceClassName": "gpu", "adminAccess": true}},
+                {"name": "s", "firstAvailable": [{"name": "x", "deviceClassName": "gpu"}]}]}}}
+        }))
+        .unwrap();
+        assert!(gated.needs_admin_access() && gated.has_prioritized_list());
+    }
+}

@@ -1,0 +1,544 @@
+//! The metrics and health-probe HTTP endpoints.
+//!
+//! Two listeners, as in kube-controller-manager / controller-runtime:
+//! `--metrics-bind-address` (default `:8080`) serves `/metrics`, and
+//! `--health-probe-bind-address` (default `:8081`) serves `/healthz` and
+//! `/readyz`. Either can be disabled with `0`; when both name the same
+//! address they share one listener.
+
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::FutureExt;
+use prometheus::{Encoder, Registry, TextEncoder};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// Default `--metrics-bind-address`.
+pub const DEFAULT_METRICS_BIND_ADDRESS: &str = ":8080";
+/// Default `--health-probe-bind-address`.
+pub const DEFAULT_HEALTH_PROBE_BIND_ADDRESS: &str = ":8081";
+/// Default for how long a leader may go without a successful lease renewal
+/// before `/healthz` fails: the leader-election renew deadline.
+pub const DEFAULT_MAX_RENEWAL_STALENESS: Duration = Duration::from_secs(10);
+
+/// Parses a bind address flag.
+///
+/// * `"0"` disables the listener (`Ok(None)`).
+/// * `":8080"` listens on all IPv4 interfaces, port 8080.
+/// * `"127.0.0.1:8080"`, `"[::1]:8080"`, `"[::]:8080"`, `"localhost:8080"`
+///   listen where they say. Other host names are rejected rather than
+///   resolved, so startup never depends on DNS.
+pub fn parse_bind_address(s: &str) -> anyhow::Result<Option<SocketAddr>> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(None);
+    }
+    if s.is_empty() {
+        bail!("empty bind address (use \"0\" to disable the listener)");
+    }
+    let Some((host, port)) = s.rsplit_once(':') else {
+        bail!("bind address {s:?} has no port; expected host:port, :port, or 0");
+    };
+    let port: u16 = port
+        .parse()
+        .with_context(|| format!("invalid port in bind address {s:?}"))?;
+    let ip = match host {
+        "" => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        "localhost" => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        _ => {
+            let literal = host
+                .strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .unwrap_or(host);
+            // An unbracketed IPv6 address would have been split at its last
+            // colon; insist on brackets so the port is unambiguous.
+            if literal.contains(':') && literal == host {
+                bail!("IPv6 address in bind address {s:?} must be in brackets, e.g. [::1]:8080");
+            }
+            literal.parse().with_context(|| {
+                format!("host in bind address {s:?} must be an IP address or localhost")
+            })?
+        }
+    };
+    Ok(Some(SocketAddr::new(ip, port)))
+}
+
+/// Shared liveness/readiness state. Cloning shares it.
+///
+/// * Ready once the informer caches have synced. Standby replicas (not
+///   leading) are ready too: they are healthy members of the deployment.
+/// * Live while the process runs and, when leading, while lease renewals are
+///   on time. A leader whose last successful renewal is older than the
+///   allowed staleness is reported unhealthy, so a wedged leader gets
+///   restarted even if it failed to notice it lost the lease.
+#[derive(Clone, Debug)]
+pub struct Health {
+    inner: Arc<Mutex<HealthState>>,
+}
+
+#[derive(Debug)]
+struct HealthState {
+    ready: bool,
+    leading: bool,
+    last_renewal: Option<Instant>,
+    max_renewal_staleness: Duration,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_RENEWAL_STALENESS)
+    }
+}
+
+impl Health {
+    /// Not ready, not leading. `max_renewal_staleness` is usually the
+    /// leader-election renew deadline.
+    pub fn new(max_renewal_staleness: Duration) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(HealthState {
+                ready: false,
+                leading: false,
+                last_renewal: None,
+                max_renewal_staleness,
+            })),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, HealthState> {
+        // The state is plain data, always consistent; a panic elsewhere while
+        // holding the lock must not take the probes down with it.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks the process ready (caches synced) or not.
+    pub fn set_ready(&self, ready: bool) {
+        self.state().ready = ready;
+    }
+
+    /// Whether `/readyz` currently succeeds.
+    pub fn is_ready(&self) -> bool {
+        self.state().ready
+    }
+
+    /// Whether this process holds a lease it must keep renewing. Becoming
+    /// leader counts as a renewal, so the staleness clock starts now.
+    pub fn set_leading(&self, leading: bool) {
+        let mut state = self.state();
+        if leading && !state.leading {
+            state.last_renewal = Some(Instant::now());
+        }
+        state.leading = leading;
+    }
+
+    /// Records a successful lease renewal at `at`.
+    pub fn record_renewal(&self, at: Instant) {
+        let mut state = self.state();
+        // Renewals can be reported out of order; keep the newest.
+        if state.last_renewal.is_none_or(|prev| at > prev) {
+            state.last_renewal = Some(at);
+        }
+    }
+
+    /// Changes how stale a leader's last renewal may be.
+    pub fn set_max_renewal_staleness(&self, max: Duration) {
+        self.state().max_renewal_staleness = max;
+    }
+
+    /// `Ok` if live, else the reason.
+    pub fn liveness(&self) -> Result<(), String> {
+        self.liveness_at(Instant::now())
+    }
+
+    fn liveness_at(&self, now: Instant) -> Result<(), String> {
+        let state = self.state();
+        if !state.leading {
+            return Ok(());
+        }
+        let Some(last) = state.last_renewal else {
+            return Err("leading without any recorded lease renewal".into());
+        };
+        let age = now.saturating_duration_since(last);
+        if age > state.max_renewal_staleness {
+            return Err(format!(
+                "leader lease last renewed {:.1}s ago (limit {:.1}s)",
+                age.as_secs_f64(),
+                state.max_renewal_staleness.as_secs_f64()
+            ));
+        }
+        Ok(())
+    }
+
+    /// `Ok` if ready, else the reason.
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.is_ready() {
+            Ok(())
+        } else {
+            Err("informer caches not synced yet".into())
+        }
+    }
+}
+
+fn probe_response(result: Result<(), String>) -> Response {
+    match result {
+        Ok(()) => (StatusCode::OK, "ok").into_response(),
+        Err(reason) => (StatusCode::INTERNAL_SERVER_ERROR, reason).into_response(),
+    }
+}
+
+async fn healthz(State(health): State<Health>) -> Response {
+    probe_response(health.liveness())
+}
+
+async fn readyz(State(health): State<Health>) -> Response {
+    probe_response(health.readiness())
+}
+
+async fn metrics(State(registry): State<Registry>) -> Response {
+    let encoder = TextEncoder::new();
+    match encoder.encode_to_string(&registry.gather()) {
+        Ok(body) => ([(header::CONTENT_TYPE, encoder.format_type())], body).into_response(),
+        Err(err) => {
+            tracing::warn!(error = %err, "encoding metrics failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response()
+        }
+    }
+}
+
+/// `/metrics` in the Prometheus text format.
+pub fn metrics_router(registry: Registry) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(registry)
+}
+
+/// `/healthz` (with `/livez` as an alias) and `/readyz`.
+pub fn health_router(health: Health) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/livez", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(health)
+}
+
+/// A listener that is bound (so address errors surface at startup) but not
+/// yet serving.
+#[derive(Debug)]
+pub struct BoundServer {
+    listener: TcpListener,
+    router: Router,
+}
+
+impl BoundServer {
+    /// Binds `addr` for `router`.
+    pub async fn bind(addr: SocketAddr, router: Router) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        Ok(Self { listener, router })
+    }
+
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    /// Serves until `shutdown` resolves, then finishes in-flight requests.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let addr = self.local_addr()?;
+        tracing::info!(%addr, "HTTP server listening");
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .with_context(|| format!("serving HTTP on {addr}"))?;
+        tracing::info!(%addr, "HTTP server stopped");
+        Ok(())
+    }
+}
+
+/// Binds `addr` (see [`parse_bind_address`]) and serves `router` until
+/// `shutdown` resolves. Returns at once if the address is `0` (disabled).
+pub async fn serve(
+    addr: &str,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    match parse_bind_address(addr)? {
+        None => Ok(()),
+        Some(addr) => BoundServer::bind(addr, router).await?.run(shutdown).await,
+    }
+}
+
+/// The running metrics and health listeners.
+#[derive(Debug)]
+pub struct Servers {
+    /// Where `/metrics` is served, if enabled.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Where `/healthz` and `/readyz` are served, if enabled.
+    pub health_addr: Option<SocketAddr>,
+    tasks: Vec<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Servers {
+    /// Waits for every listener to stop (after shutdown), returning the first
+    /// error.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        let mut first_err = None;
+        for task in self.tasks {
+            let result = task
+                .await
+                .context("HTTP server task panicked")
+                .and_then(|r| r);
+            if let Err(err) = result {
+                first_err.get_or_insert(err);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+/// Binds both listeners now (so a taken port fails startup) and serves them
+/// in background tasks until `shutdown` resolves.
+pub async fn start_servers(
+    metrics_bind_address: &str,
+    health_probe_bind_address: &str,
+    registry: Registry,
+    health: Health,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Servers> {
+    let metrics_addr =
+        parse_bind_address(metrics_bind_address).context("invalid --metrics-bind-address")?;
+    let health_addr = parse_bind_address(health_probe_bind_address)
+        .context("invalid --health-probe-bind-address")?;
+
+    let mut bound = Vec::new();
+    match (metrics_addr, health_addr) {
+        // Same explicit port: one listener for both (binding twice would fail).
+        (Some(m), Some(h)) if m == h && m.port() != 0 => {
+            let router = metrics_router(registry).merge(health_router(health));
+            bound.push(BoundServer::bind(m, router).await?);
+        }
+        (m, h) => {
+            if let Some(m) = m {
+                bound.push(BoundServer::bind(m, metrics_router(registry)).await?);
+            }
+            if let Some(h) = h {
+                bound.push(BoundServer::bind(h, health_router(health)).await?);
+            }
+        }
+    }
+
+    // Resolve the real addresses (port 0 picks one) in bind order.
+    let mut addrs = bound
+        .iter()
+        .map(BoundServer::local_addr)
+        .collect::<anyhow::Result<Vec<_>>>()?
+        .into_iter();
+    let (metrics_addr, health_addr) = match (metrics_addr, health_addr) {
+        (Some(m), Some(h)) if m == h && m.port() != 0 => {
+            let a = addrs.next();
+            (a, a)
+        }
+        (m, h) => (m.and_then(|_| addrs.next()), h.and_then(|_| addrs.next())),
+    };
+
+    let shutdown = shutdown.shared();
+    let tasks = bound
+        .into_iter()
+        .map(|server| tokio::spawn(server.run(shutdown.clone())))
+        .collect();
+    Ok(Servers {
+        metrics_addr,
+        health_addr,
+        tasks,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    use tokio::sync::oneshot;
+
+    /// Minimal HTTP/1.1 GET; returns (status, body).
+    async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        stream.write_all(req.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        stream.read_to_end(&mut buf).await.unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap();
+        (status, body.to_owned())
+    }
+
+    #[test]
+    fn parses_bind_addresses() {
+        let p = |s| parse_bind_address(s).unwrap();
+        assert_eq!(p("0"), None);
+        assert_eq!(p(":8080"), Some("0.0.0.0:8080".parse().unwrap()));
+        assert_eq!(p(" :8081 "), Some("0.0.0.0:8081".parse().unwrap()));
+        assert_eq!(p("127.0.0.1:9090"), Some("127.0.0.1:9090".parse().unwrap()));
+        assert_eq!(p("localhost:9090"), Some("127.0.0.1:9090".parse().unwrap()));
+        assert_eq!(p("[::1]:8080"), Some("[::1]:8080".parse().unwrap()));
+        assert_eq!(p("[::]:8080"), Some("[::]:8080".parse().unwrap()));
+        assert_eq!(p("127.0.0.1:0"), Some("127.0.0.1:0".parse().unwrap()));
+        assert_eq!(p(":0"), Some("0.0.0.0:0".parse().unwrap()));
+    }
+
+    #[test]
+    fn rejects_bad_bind_addresses() {
+        for bad in [
+            "",
+            "8080",
+            ":",
+            ":99999",
+            ":http",
+            "example.com:80",
+            "::1:8080",
+            "1.2.3:80",
+        ] {
+            assert!(
+                parse_bind_address(bad).is_err(),
+                "{bad:?} should be rejected"
+            );
+        }
+    }
+
+    #[test]
+    fn liveness_tracks_renewal_staleness_only_while_leading() {
+        let health = Health::new(Duration::from_secs(10));
+        let now = Instant::now();
+        assert!(health.liveness_at(now).is_ok(), "standby is live");
+
+        health.set_leading(true);
+        health.record_renewal(now);
+        assert!(health.liveness_at(now + Duration::from_secs(9)).is_ok());
+        let err = health
+            .liveness_at(now + Duration::from_secs(11))
+            .unwrap_err();
+        assert!(err.contains("renewed"), "{err}");
+
+        // An older renewal reported late does not move the clock back.
+        health.record_renewal(now - Duration::from_secs(5));
+        health.record_renewal(now + Duration::from_secs(8));
+        assert!(health.liveness_at(now + Duration::from_secs(11)).is_ok());
+
+        health.set_leading(false);
+        assert!(health.liveness_at(now + Duration::from_secs(100)).is_ok());
+    }
+
+    #[test]
+    fn readiness_follows_set_ready() {
+        let health = Health::default();
+        assert!(health.readiness().is_err());
+        health.clone().set_ready(true);
+        assert!(health.readiness().is_ok(), "clones share state");
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_and_probes() {
+        let registry = Registry::new();
+        let counter = prometheus::IntCounter::new("test_things_total", "Things.").unwrap();
+        registry.register(Box::new(counter.clone())).unwrap();
+        counter.inc_by(3);
+        let health = Health::default();
+
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let servers = start_servers(
+            "127.0.0.1:0",
+            "127.0.0.1:0",
+            registry,
+            health.clone(),
+            async {
+                let _ = stop_rx.await;
+            },
+        )
+        .await
+        .unwrap();
+        let metrics_addr = servers.metrics_addr.unwrap();
+        let health_addr = servers.health_addr.unwrap();
+        assert_ne!(metrics_addr, health_addr, "port 0 binds two listeners");
+
+        let (status, body) = get(metrics_addr, "/metrics").await;
+        assert_eq!(status, 200);
+        assert!(body.contains("test_things_total 3"), "{body}");
+        assert_eq!(
+            get(metrics_addr, "/readyz").await.0,
+            404,
+            "probes live elsewhere"
+        );
+
+        let (status, body) = get(health_addr, "/readyz").await;
+        assert_eq!(status, 500);
+        assert!(body.contains("not synced"), "{body}");
+        health.set_ready(true);
+        assert_eq!(get(health_addr, "/readyz").await, (200, "ok".to_owned()));
+        assert_eq!(get(health_addr, "/healthz").await, (200, "ok".to_owned()));
+
+        health.set_max_renewal_staleness(Duration::ZERO);
+        health.set_leading(true);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(get(health_addr, "/healthz").await.0, 500);
+
+        stop_tx.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), servers.wait())
+            .await
+            .expect("servers stop on shutdown")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn same_address_shares_one_listener_and_zero_disables() {
+        // Find a free port, release it, then ask for it on both flags.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let servers = start_servers(&addr, &addr, Registry::new(), Health::default(), async {
+            let _ = stop_rx.await;
+        })
+        .await
+        .unwrap();
+        let a = servers.metrics_addr.unwrap();
+        assert_eq!(Some(a), servers.health_addr);
+        assert_eq!(get(a, "/metrics").await.0, 200);
+        assert_eq!(get(a, "/healthz").await.0, 200);
+        stop_tx.send(()).unwrap();
+        servers.wait().await.unwrap();
+
+        let servers = start_servers("0", "0", Registry::new(), Health::default(), async {})
+            .await
+            .unwrap();
+        assert_eq!((servers.metrics_addr, servers.health_addr), (None, None));
+        servers.wait().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn serve_returns_for_disabled_address() {
+        serve("0", Router::new(), std::future::pending())
+            .await
+            .unwrap();
+    }
+}

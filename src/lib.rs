@@ -1,0 +1,14 @@
+//! dra-claim-controller: the DRA ResourceClaim lifecycle, run outside
+//! kube-controller-manager.
+//!
+//! The library surface exists so that integration tests and benchmarks can
+//! drive the same code the binary runs.
+
+pub mod cli;
+pub mod client;
+pub mod controllers;
+pub mod features;
+pub mod http;
+pub mod leader;
+pub mod naming;
+pub mod workqueue;

@@ -1,0 +1,34 @@
+//! End-to-end tests: a real etcd and kube-apiserver on loopback ports, the
+//! controller binary as a separate process with its own RBAC-limited
+//! identity, and scenarios driven with plain API calls.
+//!
+//! Without the binaries (see `cluster::binaries`) every test prints one
+//! `SKIP:` line and passes. Run with `--nocapture` to see the `E2E RAN:`
+//! lines CI counts.
+
+#[path = "support/helm.rs"]
+mod helm;
+
+#[path = "e2e/cluster.rs"]
+mod cluster;
+#[path = "e2e/ctx.rs"]
+mod ctx;
+#[path = "e2e/k8s.rs"]
+mod k8s;
+#[path = "e2e/pki.rs"]
+mod pki;
+#[path = "e2e/procs.rs"]
+mod procs;
+#[path = "e2e/rawhttp.rs"]
+mod rawhttp;
+#[path = "e2e/rbac.rs"]
+mod rbac;
+
+#[path = "e2e/scenarios_claims.rs"]
+mod scenarios_claims;
+#[path = "e2e/scenarios_gates.rs"]
+mod scenarios_gates;
+#[path = "e2e/scenarios_reservations.rs"]
+mod scenarios_reservations;
+#[path = "e2e/scenarios_scale.rs"]
+mod scenarios_scale;

@@ -1,0 +1,444 @@
+//! A real etcd + kube-apiserver on loopback ports, and controller processes
+//! talking to it with a ServiceAccount token of their own.
+//!
+//! Binaries are found like controller-runtime's envtest finds them: the
+//! directory in `KUBEBUILDER_ASSETS`, else `/usr/local/kubebuilder/bin`.
+
+use std::collections::HashSet;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::json;
+
+use crate::procs::Proc;
+use crate::{pki, rawhttp, rbac};
+
+pub const DEFAULT_ASSETS: &str = "/usr/local/kubebuilder/bin";
+pub const SKIP_REASON: &str = "no kube-apiserver/etcd (set KUBEBUILDER_ASSETS)";
+/// Keep the temporary directories (logs, etcd data) of isolated servers.
+pub const KEEP_ENV: &str = "DRA_E2E_KEEP";
+/// Overrides the API server's `--feature-gates`.
+pub const APISERVER_GATES_ENV: &str = "DRA_E2E_APISERVER_FEATURE_GATES";
+/// The DRA gates the API server needs so tests can write adminAccess,
+/// firstAvailable and extendedResourceClaimStatus.
+pub const APISERVER_GATES: &str =
+    "DRAAdminAccess=true,DRAPrioritizedList=true,DRAExtendedResource=true";
+pub const ALL_CONTROLLER_GATES: &str =
+    "DRAAdminAccess=true,DRAPrioritizedList=true,DRAExtendedResource=true";
+
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub etcd: PathBuf,
+    pub apiserver: PathBuf,
+}
+
+/// `None` when either binary is missing: the tests skip.
+pub fn binaries() -> Option<Binaries> {
+    let dir = std::env::var_os("KUBEBUILDER_ASSETS")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_ASSETS));
+    let bins = Binaries {
+        etcd: dir.join("etcd"),
+        apiserver: dir.join("kube-apiserver"),
+    };
+    (is_executable(&bins.etcd) && is_executable(&bins.apiserver)).then_some(bins)
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// A loopback port nobody in this process was handed before. Another
+/// process can still take it before we bind; starts retry for that.
+pub fn free_port() -> u16 {
+    static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("bind an ephemeral loopback port");
+        let mut seen = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.get_or_insert_with(HashSet::new).insert(port) {
+            return port;
+        }
+    }
+}
+
+/// A kube client from a kubeconfig file. Build one per test: a client is
+/// tied to the tokio runtime it was made on.
+pub async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+fn write_kubeconfig(
+    path: &Path,
+    url: &str,
+    ca: &Path,
+    user: &str,
+    token: &str,
+) -> anyhow::Result<()> {
+    let doc = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {
+            "server": url,
+            "certificate-authority": ca,
+        }}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
+        "current-context": "e2e",
+    });
+    std::fs::write(path, serde_yaml::to_string(&doc)?)?;
+    Ok(())
+}
+
+/// etcd + kube-apiserver in one temporary directory. Field order is drop
+/// order: the API server dies before etcd, the directory goes last.
+#[derive(Debug)]
+pub struct Cluster {
+    pub apiserver: Proc,
+    pub etcd: Proc,
+    pub url: String,
+    pub dir: PathBuf,
+    pub admin_kubeconfig: PathBuf,
+    pub controller_kubeconfig: PathBuf,
+    /// Where the controller RBAC came from (chart or built-in).
+    pub rbac_origin: String,
+    /// Wall time from nothing to a ready API server with the controller identity.
+    pub startup: Duration,
+    tempdir: Option<tempfile::TempDir>,
+}
+
+impl Cluster {
+    pub async fn start(bins: &Binaries) -> anyhow::Result<Self> {
+        let started = Instant::now();
+        let tempdir = tempfile::Builder::new().prefix("dra-e2e-").tempdir()?;
+        let dir = tempdir.path().to_path_buf();
+        let pki = pki::generate(&dir.join("pki"))?;
+        let admin_token = format!("admin-{:032x}", rand::random::<u128>());
+        let tokens = dir.join("tokens.csv");
+        std::fs::write(
+            &tokens,
+            format!("{admin_token},admin,admin-uid,\"system:masters\"\n"),
+        )?;
+
+        let (etcd, etcd_url) = start_etcd(bins, &dir).await?;
+        let (apiserver, url, admin_kubeconfig) =
+            start_apiserver(bins, &dir, &pki, &tokens, &etcd_url, &admin_token).await?;
+
+        // The controller's own identity: chart RBAC, SA token, kubeconfig.
+        let admin = client_from(&admin_kubeconfig).await?;
+        let namespaces: Api<Namespace> = Api::all(admin.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": rbac::SYSTEM_NAMESPACE}}))?,
+            )
+            .await
+            .context("create namespace dra-system")?;
+        let rbac = tokio::task::spawn_blocking(rbac::controller_rbac).await?;
+        rbac::apply(&admin, &rbac).await?;
+        let token = rbac::service_account_token(&admin, &rbac.service_account).await?;
+        let controller_kubeconfig = dir.join("controller.kubeconfig");
+        write_kubeconfig(
+            &controller_kubeconfig,
+            &url,
+            &pki.ca_crt,
+            &format!(
+                "system:serviceaccount:{}:{}",
+                rbac::SYSTEM_NAMESPACE,
+                rbac.service_account
+            ),
+            &token,
+        )?;
+
+        let startup = started.elapsed();
+        eprintln!(
+            "e2e: API server {url} ready in {:.1}s (dir {}, controller RBAC from {})",
+            startup.as_secs_f64(),
+            dir.display(),
+            rbac.origin
+        );
+        Ok(Self {
+            apiserver,
+            etcd,
+            url,
+            dir,
+            admin_kubeconfig,
+            controller_kubeconfig,
+            rbac_origin: rbac.origin,
+            startup,
+            tempdir: Some(tempdir),
+        })
+    }
+
+    /// Leaves the directory in place (the shared server cleans up at exit,
+    /// and `DRA_E2E_KEEP=1` keeps it for inspection).
+    pub fn keep_dir(&mut self) {
+        if let Some(t) = self.tempdir.take() {
+            let _ = t.keep();
+        }
+    }
+
+    pub async fn admin_client(&self) -> anyhow::Result<kube::Client> {
+        client_from(&self.admin_kubeconfig).await
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::env::var(KEEP_ENV).is_ok_and(|v| v == "1") {
+            self.keep_dir();
+            eprintln!("e2e: kept {}", self.dir.display());
+        }
+    }
+}
+
+async fn start_etcd(bins: &Binaries, dir: &Path) -> anyhow::Result<(Proc, String)> {
+    let mut last_err = anyhow!("etcd never started");
+    for attempt in 0..3 {
+        let (client_port, peer_port) = (free_port(), free_port());
+        let client_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let data = dir.join(format!("etcd-data-{attempt}"));
+        let args: Vec<String> = vec![
+            format!("--data-dir={}", data.display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=default={peer_url}"),
+            // Test data is thrown away: durability buys nothing here.
+            "--unsafe-no-fsync=true".into(),
+            "--quota-backend-bytes=4294967296".into(),
+            "--log-level=warn".into(),
+        ];
+        let etcd = Proc::spawn("etcd", &bins.etcd, &args, &dir.join("etcd.log"))?;
+        let addr: SocketAddr = format!("127.0.0.1:{client_port}").parse()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = etcd.exited() {
+                last_err = anyhow!("etcd exited ({status}):\n{}", etcd.log_tail(20));
+                break;
+            }
+            if let Ok((200, body)) = rawhttp::get(addr, "/health").await
+                && body.contains("true")
+            {
+                return Ok((etcd, client_url));
+            }
+            if Instant::now() > deadline {
+                bail!("etcd not healthy after 30s:\n{}", etcd.log_tail(20));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Err(last_err)
+}
+
+async fn start_apiserver(
+    bins: &Binaries,
+    dir: &Path,
+    pki: &pki::Pki,
+    tokens: &Path,
+    etcd_url: &str,
+    admin_token: &str,
+) -> anyhow::Result<(Proc, String, PathBuf)> {
+    let gates = std::env::var(APISERVER_GATES_ENV).unwrap_or_else(|_| APISERVER_GATES.to_string());
+    let mut last_err = anyhow!("kube-apiserver never started");
+    for _ in 0..3 {
+        let port = free_port();
+        let url = format!("https://127.0.0.1:{port}");
+        let cert_dir = dir.join("apiserver-certs");
+        let p = |p: &Path| p.display().to_string();
+        let mut args: Vec<String> = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", p(&cert_dir)),
+            format!("--tls-cert-file={}", p(&pki.server_crt)),
+            format!("--tls-private-key-file={}", p(&pki.server_key)),
+            format!("--token-auth-file={}", p(tokens)),
+            "--authorization-mode=RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-account-key-file={}", p(&pki.sa_pub)),
+            format!("--service-account-signing-key-file={}", p(&pki.sa_key)),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--runtime-config=resource.k8s.io/v1=true".into(),
+            // No kube-controller-manager runs, so no namespace ever gets its
+            // "default" ServiceAccount; without this every pod is refused.
+            "--disable-admission-plugins=ServiceAccount".into(),
+            // Nothing to reconcile the "kubernetes" Service endpoints for.
+            "--endpoint-reconciler-type=none".into(),
+            "--enable-priority-and-fairness=false".into(),
+            "--profiling=false".into(),
+            "--v=1".into(),
+        ];
+        if !gates.is_empty() {
+            args.push(format!("--feature-gates={gates}"));
+        }
+        let apiserver = Proc::spawn(
+            "kube-apiserver",
+            &bins.apiserver,
+            &args,
+            &dir.join("kube-apiserver.log"),
+        )?;
+        let kubeconfig = dir.join("admin.kubeconfig");
+        write_kubeconfig(&kubeconfig, &url, &pki.ca_crt, "admin", admin_token)?;
+        let client = client_from(&kubeconfig).await?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut last_probe = String::new();
+        loop {
+            if let Some(status) = apiserver.exited() {
+                last_err = anyhow!(
+                    "kube-apiserver exited ({status}):\n{}",
+                    apiserver.log_tail(30)
+                );
+                break;
+            }
+            let req = http::Request::get("/readyz").body(Vec::new())?;
+            match client.request_text(req).await {
+                Ok(body) if body.trim() == "ok" => return Ok((apiserver, url, kubeconfig)),
+                Ok(body) => last_probe = body,
+                Err(e) => last_probe = e.to_string(),
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "kube-apiserver not ready after {READY_TIMEOUT:?} (last /readyz: {last_probe}):\n{}",
+                    apiserver.log_tail(30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Err(last_err)
+}
+
+/// Flags of one controller process.
+#[derive(Debug, Clone)]
+pub struct ControllerOpts {
+    pub feature_gates: String,
+    pub leader_elect: bool,
+    pub qps: u32,
+    pub burst: u32,
+    pub concurrent_syncs: u32,
+}
+
+impl Default for ControllerOpts {
+    fn default() -> Self {
+        Self {
+            feature_gates: ALL_CONTROLLER_GATES.into(),
+            leader_elect: true,
+            // Above the production default so that the batch scenarios do
+            // not spend most of their time in the client rate limiter.
+            qps: 100,
+            burst: 200,
+            concurrent_syncs: 50,
+        }
+    }
+}
+
+/// One controller process: the real binary, run with the SA kubeconfig.
+#[derive(Debug)]
+pub struct Controller {
+    pub proc: Proc,
+    pub metrics: SocketAddr,
+    pub health: SocketAddr,
+}
+
+impl Controller {
+    /// Starts the binary and waits until /healthz answers 200.
+    pub async fn start(
+        cluster: &Cluster,
+        opts: &ControllerOpts,
+        label: &str,
+    ) -> anyhow::Result<Self> {
+        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse()?;
+        let health: SocketAddr = format!("127.0.0.1:{}", free_port()).parse()?;
+        let args: Vec<String> = vec![
+            "--kubeconfig".into(),
+            cluster.controller_kubeconfig.display().to_string(),
+            "--leader-elect-resource-namespace".into(),
+            rbac::SYSTEM_NAMESPACE.into(),
+            "--leader-elect-resource-name".into(),
+            rbac::LEASE_NAME.into(),
+            format!("--leader-elect={}", opts.leader_elect),
+            "--leader-elect-lease-duration".into(),
+            "4s".into(),
+            "--leader-elect-renew-deadline".into(),
+            "3s".into(),
+            "--leader-elect-retry-period".into(),
+            "1s".into(),
+            "--metrics-bind-address".into(),
+            metrics.to_string(),
+            "--health-probe-bind-address".into(),
+            health.to_string(),
+            "--kube-api-qps".into(),
+            opts.qps.to_string(),
+            "--kube-api-burst".into(),
+            opts.burst.to_string(),
+            "--concurrent-syncs".into(),
+            opts.concurrent_syncs.to_string(),
+            "--feature-gates".into(),
+            opts.feature_gates.clone(),
+            "--shutdown-timeout".into(),
+            "20s".into(),
+            "--log-format".into(),
+            "text".into(),
+            "--log-level".into(),
+            "info".into(),
+        ];
+        let log = cluster.dir.join(format!("controller-{label}.log"));
+        let binary = PathBuf::from(env!("CARGO_BIN_EXE_dra-claim-controller"));
+        let proc = Proc::spawn(&format!("controller-{label}"), &binary, &args, &log)?;
+        let controller = Self {
+            proc,
+            metrics,
+            health,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = controller.proc.exited() {
+                bail!(
+                    "controller {label} exited ({status}) before /healthz answered; log {}:\n{}",
+                    log.display(),
+                    controller.proc.log_tail(40)
+                );
+            }
+            if let Ok((200, _)) = rawhttp::get(health, "/healthz").await {
+                return Ok(controller);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "controller {label}: /healthz on {health} not 200 after 30s; log {}:\n{}",
+                    log.display(),
+                    controller.proc.log_tail(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn metrics_text(&self) -> anyhow::Result<String> {
+        let (status, body) = rawhttp::get(self.metrics, "/metrics").await?;
+        anyhow::ensure!(status == 200, "GET /metrics: HTTP {status}: {body}");
+        Ok(body)
+    }
+
+    pub async fn healthz(&self) -> anyhow::Result<u16> {
+        Ok(rawhttp::get(self.health, "/healthz").await?.0)
+    }
+}

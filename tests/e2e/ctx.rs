@@ -1,0 +1,271 @@
+//! Per-test context: the admin client, the test's own namespace and the
+//! environment it runs in.
+//!
+//! Most scenarios share one API server and one controller per test binary
+//! (started on first use, killed when the binary exits) and isolate
+//! themselves by namespace. Scenarios that need a process-wide setting
+//! (feature gates) or kill the controller get an isolated server of their own.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+use crate::cluster::{self, Cluster, Controller, ControllerOpts, SKIP_REASON};
+use crate::procs;
+
+/// The server and controller shared by the tests of this binary.
+#[derive(Debug)]
+pub struct Shared {
+    pub cluster: Cluster,
+    pub controller: Controller,
+}
+
+fn shared_env(bins: &cluster::Binaries) -> Result<&'static Shared, String> {
+    static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            let bins = bins.clone();
+            // Started on a thread with a runtime of its own: the calling
+            // test's runtime ends with that test, the server must not.
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                rt.block_on(async {
+                    let mut cluster = Cluster::start(&bins).await.map_err(|e| format!("{e:#}"))?;
+                    cluster.keep_dir();
+                    procs::cleanup_on_exit(
+                        &[cluster.apiserver.pid(), cluster.etcd.pid()],
+                        std::slice::from_ref(&cluster.dir),
+                    );
+                    let controller =
+                        Controller::start(&cluster, &ControllerOpts::default(), "shared")
+                            .await
+                            .map_err(|e| format!("{e:#}"))?;
+                    procs::cleanup_on_exit(&[controller.proc.pid()], &[]);
+                    Ok(Shared {
+                        cluster,
+                        controller,
+                    })
+                })
+            })
+            .join()
+            .unwrap_or_else(|_| Err("shared e2e environment setup panicked".into()))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// A server and controllers owned by one test. Field order is drop order:
+/// controllers stop before the API server.
+#[derive(Debug)]
+pub struct Isolated {
+    pub controllers: Vec<Controller>,
+    pub cluster: Cluster,
+    pub opts: ControllerOpts,
+    started: usize,
+}
+
+#[derive(Debug)]
+enum Env {
+    Shared(&'static Shared),
+    Isolated(Box<Isolated>),
+}
+
+#[derive(Debug)]
+pub struct TestCtx {
+    pub name: &'static str,
+    pub client: kube::Client,
+    /// The namespace this test owns.
+    pub ns: String,
+    env: Env,
+    finished: bool,
+    started: Instant,
+}
+
+fn skip(name: &str) {
+    println!("SKIP: {name}: {SKIP_REASON}");
+}
+
+fn namespace_for(name: &str) -> String {
+    let mut ns: String = format!("e2e-{}", name.replace('_', "-"))
+        .chars()
+        .take(63)
+        .collect();
+    while ns.ends_with('-') {
+        ns.pop();
+    }
+    ns
+}
+
+impl TestCtx {
+    /// Context on the shared server; `None` (after printing the SKIP line)
+    /// when the binaries are absent.
+    pub async fn shared(name: &'static str) -> Option<Self> {
+        let Some(bins) = cluster::binaries() else {
+            skip(name);
+            return None;
+        };
+        let shared = tokio::task::spawn_blocking(move || shared_env(&bins))
+            .await
+            .expect("join shared setup")
+            .unwrap_or_else(|e| panic!("{name}: shared e2e environment failed to start: {e}"));
+        let client = shared
+            .cluster
+            .admin_client()
+            .await
+            .expect("admin client for the shared server");
+        Some(Self::new(name, client, Env::Shared(shared)).await)
+    }
+
+    /// Context on a server of its own with `controllers` controller processes.
+    pub async fn isolated(
+        name: &'static str,
+        opts: ControllerOpts,
+        controllers: usize,
+    ) -> Option<Self> {
+        let Some(bins) = cluster::binaries() else {
+            skip(name);
+            return None;
+        };
+        let cluster = Cluster::start(&bins)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: API server failed to start: {e:#}"));
+        let client = cluster.admin_client().await.expect("admin client");
+        let mut iso = Box::new(Isolated {
+            controllers: Vec::new(),
+            cluster,
+            opts,
+            started: 0,
+        });
+        for _ in 0..controllers {
+            iso.start_controller()
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        }
+        Some(Self::new(name, client, Env::Isolated(iso)).await)
+    }
+
+    async fn new(name: &'static str, client: kube::Client, env: Env) -> Self {
+        let ns = namespace_for(name);
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace"),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{name}: create namespace {ns}: {e}"));
+        Self {
+            name,
+            client,
+            ns,
+            env,
+            finished: false,
+            started: Instant::now(),
+        }
+    }
+
+    /// Marks the test as run against a real server (CI counts these lines).
+    pub fn finish(mut self) {
+        self.finished = true;
+        eprintln!(
+            "e2e: {} took {:.1}s",
+            self.name,
+            self.started.elapsed().as_secs_f64()
+        );
+        println!("E2E RAN: {}", self.name);
+    }
+
+    /// The shared controller, or the first live one of an isolated server.
+    pub fn controller(&self) -> &Controller {
+        match &self.env {
+            Env::Shared(s) => &s.controller,
+            Env::Isolated(iso) => iso
+                .controllers
+                .iter()
+                .find(|c| c.proc.exited().is_none())
+                .or(iso.controllers.first())
+                .expect("no controller started"),
+        }
+    }
+
+    /// The isolated environment; panics on the shared one, whose processes
+    /// other tests depend on.
+    pub fn isolated_env(&mut self) -> &mut Isolated {
+        match &mut self.env {
+            Env::Isolated(iso) => iso,
+            Env::Shared(_) => panic!("{}: needs an isolated environment", self.name),
+        }
+    }
+
+    pub fn cluster(&self) -> &Cluster {
+        match &self.env {
+            Env::Shared(s) => &s.cluster,
+            Env::Isolated(iso) => &iso.cluster,
+        }
+    }
+
+    fn dump_logs(&self) {
+        eprintln!("---- e2e {} failed (namespace {}) ----", self.name, self.ns);
+        match &self.env {
+            Env::Shared(s) => {
+                let log = &s.controller.proc.log;
+                eprintln!(
+                    "-- shared controller log ({}), lines naming {}:\n{}",
+                    log.display(),
+                    self.ns,
+                    procs::grep(log, &self.ns, 60)
+                );
+                eprintln!(
+                    "-- shared controller log, last lines:\n{}",
+                    s.controller.proc.log_tail(40)
+                );
+                if let Some(status) = s.controller.proc.exited() {
+                    eprintln!("-- shared controller has exited: {status}");
+                }
+            }
+            Env::Isolated(iso) => {
+                for c in &iso.controllers {
+                    eprintln!(
+                        "-- {} log ({}){}:\n{}",
+                        c.proc.name,
+                        c.proc.log.display(),
+                        c.proc
+                            .exited()
+                            .map(|s| format!(", exited {s}"))
+                            .unwrap_or_default(),
+                        c.proc.log_tail(80)
+                    );
+                }
+                eprintln!(
+                    "-- kube-apiserver log, last lines:\n{}",
+                    iso.cluster.apiserver.log_tail(15)
+                );
+            }
+        }
+    }
+}
+
+impl Drop for TestCtx {
+    fn drop(&mut self) {
+        if !self.finished && std::thread::panicking() {
+            self.dump_logs();
+        }
+    }
+}
+
+impl Isolated {
+    /// Starts one more controller process with this environment's options.
+    pub async fn start_controller(&mut self) -> anyhow::Result<&Controller> {
+        self.started += 1;
+        let label = format!("{}", self.started);
+        let c = Controller::start(&self.cluster, &self.opts, &label).await?;
+        self.controllers.push(c);
+        Ok(self.controllers.last().expect("just pushed"))
+    }
+}

@@ -1,0 +1,432 @@
+//! Objects and API calls the scenarios use, doing by hand what a scheduler
+//! or kubelet would (there is neither): `spec.nodeName` at creation, pod
+//! phase, claim allocation, `reservedFor`, the delete-protection finalizer.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::ctx::TestCtx;
+
+pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
+pub const EXTENDED_RESOURCE_CLAIM_ANNOTATION: &str =
+    "resource.kubernetes.io/extended-resource-claim";
+pub const DELETE_PROTECTION_FINALIZER: &str = "resource.kubernetes.io/delete-protection";
+pub const FIELD_MANAGER: &str = "ResourceClaimController";
+pub const FAILED_CREATION_REASON: &str = "FailedResourceClaimCreation";
+/// Claims name a device class; the API server checks only the name's format.
+pub const DEVICE_CLASS: &str = "gpu.e2e.example.com";
+pub const NODE: &str = "e2e-node-1";
+
+/// Default timeout for anything the controller has to do.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Polls `check` every 100 ms until it returns `Ok`, and panics after
+/// `timeout` with `what` and the last reason `check` gave for "not yet".
+pub async fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl AsyncFnMut() -> anyhow::Result<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => {
+                panic!("timed out after {timeout:?} waiting for {what}; last state: {e:#}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Asserts that `check` keeps returning `Ok` for the whole of `period`
+/// (for "nothing happens" outcomes).
+pub async fn holds_for(
+    what: &str,
+    period: Duration,
+    mut check: impl AsyncFnMut() -> anyhow::Result<()>,
+) {
+    let deadline = Instant::now() + period;
+    while Instant::now() < deadline {
+        if let Err(e) = check().await {
+            panic!("expected {what} to hold for {period:?}, but: {e:#}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// How one `pod.spec.resourceClaims` entry finds its claim.
+#[derive(Debug, Clone)]
+pub enum Source<'a> {
+    Template(&'a str),
+    Claim(&'a str),
+}
+
+/// The requests of a claim spec; gated fields go in here when a test needs them.
+pub fn exactly_spec() -> Value {
+    json!({"devices": {"requests": [{
+        "name": "req-0",
+        "exactly": {"deviceClassName": DEVICE_CLASS},
+    }]}})
+}
+
+/// The allocation a scheduler would write for [`exactly_spec`].
+pub fn allocation() -> Value {
+    json!({"devices": {"results": [{
+        "request": "req-0",
+        "driver": "test.example.com",
+        "pool": "pool",
+        "device": "dev-0",
+    }]}})
+}
+
+pub fn pod_ref(pod: &Pod) -> Value {
+    json!({"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid})
+}
+
+pub fn uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+/// Whether `claim` has a `controller: true` owner reference to the pod `uid`.
+pub fn controlled_by(claim: &ResourceClaim, uid: &str) -> bool {
+    claim
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+pub fn has_finalizer(claim: &ResourceClaim) -> bool {
+    claim
+        .metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == DELETE_PROTECTION_FINALIZER)
+}
+
+pub fn reserved_names(claim: &ResourceClaim) -> Vec<String> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .map(|r| {
+            r.iter()
+                .map(|c| format!("{}/{}", c.resource, c.name))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn is_allocated(claim: &ResourceClaim) -> bool {
+    claim
+        .status
+        .as_ref()
+        .is_some_and(|s| s.allocation.is_some())
+}
+
+/// `pod.status.resourceClaimStatuses` as entry name → claim name.
+pub fn recorded(pod: &Pod) -> BTreeMap<String, Option<String>> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref())
+        .map(|list| {
+            list.iter()
+                .map(|s| (s.name.clone(), s.resource_claim_name.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The `generateName` the contract prescribes for a pod's claim entry.
+pub fn expected_generate_name(pod: &str, entry: &str) -> String {
+    let full = format!("{pod}-{entry}-");
+    let len = full.len();
+    if len <= 57 {
+        return full;
+    }
+    format!(
+        "{}-{}",
+        &pod[..pod.len() * 57 / len],
+        &entry[..entry.len() * 57 / len]
+    )
+}
+
+impl TestCtx {
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub fn claims(&self) -> Api<ResourceClaim> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub fn templates(&self) -> Api<ResourceClaimTemplate> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Creates a template whose claims carry `labels`/`annotations` and `spec`.
+    pub async fn create_template_with(
+        &self,
+        name: &str,
+        labels: Value,
+        annotations: Value,
+        spec: Value,
+    ) -> ResourceClaimTemplate {
+        let t: ResourceClaimTemplate = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {
+                "metadata": {"labels": labels, "annotations": annotations},
+                "spec": spec,
+            },
+        }))
+        .expect("template");
+        self.templates()
+            .create(&PostParams::default(), &t)
+            .await
+            .unwrap_or_else(|e| panic!("create template {name}: {e}"))
+    }
+
+    pub async fn create_template(&self, name: &str) -> ResourceClaimTemplate {
+        self.create_template_with(name, json!({}), json!({}), exactly_spec())
+            .await
+    }
+
+    /// Creates a pod with one container that uses every claim entry.
+    /// `node`: set `spec.nodeName` (a pod placed without the scheduler).
+    pub async fn create_pod(
+        &self,
+        name: &str,
+        entries: &[(&str, Source<'_>)],
+        node: Option<&str>,
+    ) -> Pod {
+        self.try_create_pod(name, entries, node)
+            .await
+            .unwrap_or_else(|e| panic!("create pod {name}: {e:#}"))
+    }
+
+    pub async fn try_create_pod(
+        &self,
+        name: &str,
+        entries: &[(&str, Source<'_>)],
+        node: Option<&str>,
+    ) -> anyhow::Result<Pod> {
+        let claims: Vec<Value> = entries
+            .iter()
+            .map(|(entry, source)| match source {
+                Source::Template(t) => json!({"name": entry, "resourceClaimTemplateName": t}),
+                Source::Claim(c) => json!({"name": entry, "resourceClaimName": c}),
+            })
+            .collect();
+        let uses: Vec<Value> = entries.iter().map(|(e, _)| json!({"name": e})).collect();
+        let mut spec = json!({
+            "containers": [{
+                "name": "main",
+                "image": "registry.invalid/e2e/pause:1",
+                "resources": {"claims": uses},
+            }],
+            "resourceClaims": claims,
+            "terminationGracePeriodSeconds": 0,
+        });
+        if let Some(node) = node {
+            spec["nodeName"] = json!(node);
+        }
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))?;
+        Ok(self.pods().create(&PostParams::default(), &pod).await?)
+    }
+
+    /// Removes a pod at once, as a kubelet confirming termination would.
+    pub async fn delete_pod_now(&self, name: &str) {
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        self.pods()
+            .delete(name, &dp)
+            .await
+            .unwrap_or_else(|e| panic!("delete pod {name}: {e}"));
+        wait_for(
+            &format!("pod {name} to be gone"),
+            TIMEOUT,
+            async || match self.pods().get_opt(name).await? {
+                None => Ok(()),
+                Some(_) => bail!("still present"),
+            },
+        )
+        .await;
+    }
+
+    pub async fn set_pod_phase(&self, name: &str, phase: &str) {
+        self.pods()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": phase}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("set phase {phase} on pod {name}: {e}"));
+    }
+
+    /// Writes `status.resourceClaimStatuses` of a pod as the test's own
+    /// field manager (e.g. an entry without a name: "not needed").
+    pub async fn set_pod_claim_statuses(&self, name: &str, statuses: Value) {
+        self.pods()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"resourceClaimStatuses": statuses}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("set resourceClaimStatuses on pod {name}: {e}"));
+    }
+
+    /// Creates a claim from raw metadata and [`exactly_spec`].
+    pub async fn create_claim(&self, metadata: Value) -> ResourceClaim {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": metadata,
+            "spec": exactly_spec(),
+        }))
+        .expect("claim");
+        self.claims()
+            .create(&PostParams::default(), &claim)
+            .await
+            .unwrap_or_else(|e| panic!("create claim {}: {e}", metadata_name(&claim)))
+    }
+
+    /// Does what the scheduler does when it allocates: finalizer first, then
+    /// `status.allocation` and `status.reservedFor`.
+    pub async fn allocate(&self, claim: &str, reserved_for: Value) -> ResourceClaim {
+        self.claims()
+            .patch(
+                claim,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": [DELETE_PROTECTION_FINALIZER]}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("add finalizer to claim {claim}: {e}"));
+        self.claims()
+            .patch_status(
+                claim,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"status": {"allocation": allocation(), "reservedFor": reserved_for}}),
+                ),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("allocate claim {claim}: {e}"))
+    }
+
+    pub async fn claim(&self, name: &str) -> Option<ResourceClaim> {
+        self.claims()
+            .get_opt(name)
+            .await
+            .unwrap_or_else(|e| panic!("get claim {name}: {e}"))
+    }
+
+    pub async fn pod(&self, name: &str) -> Pod {
+        self.pods()
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("get pod {name}: {e}"))
+    }
+
+    pub async fn all_claims(&self) -> anyhow::Result<Vec<ResourceClaim>> {
+        Ok(self.claims().list(&ListParams::default()).await?.items)
+    }
+
+    /// Waits until every one of `entries` of pod `name` is recorded with a
+    /// claim name, the claim exists and is controlled by the pod; returns
+    /// entry → claim.
+    pub async fn wait_recorded(
+        &self,
+        name: &str,
+        entries: &[&str],
+    ) -> BTreeMap<String, ResourceClaim> {
+        wait_for(
+            &format!("claims {entries:?} of pod {name} to be created and recorded"),
+            TIMEOUT,
+            async || {
+                let pod = self.pods().get(name).await?;
+                let statuses = recorded(&pod);
+                let mut out = BTreeMap::new();
+                for entry in entries {
+                    let claim_name = statuses
+                        .get(*entry)
+                        .with_context(|| format!("entry {entry} not in status: {statuses:?}"))?
+                        .clone()
+                        .with_context(|| format!("entry {entry} recorded without a name"))?;
+                    let claim =
+                        self.claims().get_opt(&claim_name).await?.with_context(|| {
+                            format!("recorded claim {claim_name} does not exist")
+                        })?;
+                    ensure!(
+                        controlled_by(&claim, &uid(&pod)),
+                        "claim {claim_name} not controlled by pod {name}"
+                    );
+                    out.insert(entry.to_string(), claim);
+                }
+                Ok(out)
+            },
+        )
+        .await
+    }
+
+    pub async fn wait_claim_gone(&self, claim: &str) {
+        wait_for(
+            &format!("claim {claim} to be gone"),
+            TIMEOUT,
+            async || match self.claims().get_opt(claim).await? {
+                None => Ok(()),
+                Some(c) => bail!(
+                    "still there: deleting={} finalizers={:?} allocated={} reservedFor={:?}",
+                    c.metadata.deletion_timestamp.is_some(),
+                    c.metadata.finalizers,
+                    is_allocated(&c),
+                    reserved_names(&c)
+                ),
+            },
+        )
+        .await;
+    }
+
+    /// Warning events with `reason` about the pod `name`.
+    pub async fn warning_events(&self, pod: &str, reason: &str) -> anyhow::Result<Vec<Event>> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
+        let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
+        Ok(events
+            .list(&lp)
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning")
+            })
+            .collect())
+    }
+}
+
+fn metadata_name(claim: &ResourceClaim) -> String {
+    claim
+        .metadata
+        .name
+        .clone()
+        .or_else(|| claim.metadata.generate_name.clone())
+        .unwrap_or_default()
+}

@@ -1,0 +1,1146 @@
+//! Tests of the Helm chart in charts/dra-claim-controller, rendered by a real
+//! Helm (see tests/support/helm.rs). Tests that need Helm pass with a SKIP
+//! line when it cannot be installed here.
+
+#[path = "support/helm.rs"]
+mod helm;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_yaml::Value;
+
+const RELEASE: &str = "dra";
+const NAMESPACE: &str = "dra-system";
+
+/// Renders with the given `--set` pairs, or returns from the test when Helm
+/// is unavailable.
+macro_rules! render_or_skip {
+    ($set:expr) => {
+        match helm::render_chart(RELEASE, NAMESPACE, $set) {
+            Ok(Some(yaml)) => docs(&yaml),
+            Ok(None) => return,
+            Err(e) => panic!("rendering failed: {e}"),
+        }
+    };
+}
+
+/// Expects rendering to fail; returns Helm's message (or from the test when
+/// Helm is unavailable).
+macro_rules! render_err_or_skip {
+    ($set:expr) => {
+        match helm::render_chart(RELEASE, NAMESPACE, $set) {
+            Ok(Some(_)) => panic!("rendering with {:?} should have failed", $set),
+            Ok(None) => return,
+            Err(e) => e,
+        }
+    };
+}
+
+fn docs(yaml: &str) -> Vec<Value> {
+    helm::parse_documents(yaml).expect("rendered manifests parse as YAML")
+}
+
+fn kind_of(doc: &Value) -> &str {
+    doc["kind"].as_str().unwrap_or_default()
+}
+
+fn all_of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| kind_of(d) == kind).collect()
+}
+
+fn one_of_kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let found = all_of_kind(docs, kind);
+    assert_eq!(
+        found.len(),
+        1,
+        "expected exactly one {kind}, got {}",
+        found.len()
+    );
+    found[0]
+}
+
+fn str_of(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        other => panic!("not a scalar: {other:?}"),
+    }
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_sequence()
+        .map(|s| s.iter().map(str_of).collect())
+        .unwrap_or_default()
+}
+
+/// The chart's default values.yaml.
+fn default_values() -> Value {
+    let text = std::fs::read_to_string(helm::chart_dir().join("values.yaml")).unwrap();
+    serde_yaml::from_str(&text).unwrap()
+}
+
+fn chart_yaml() -> Value {
+    let text = std::fs::read_to_string(helm::chart_dir().join("Chart.yaml")).unwrap();
+    serde_yaml::from_str(&text).unwrap()
+}
+
+fn container(docs: &[Value]) -> &Value {
+    let deploy = one_of_kind(docs, "Deployment");
+    let containers = deploy["spec"]["template"]["spec"]["containers"]
+        .as_sequence()
+        .expect("containers");
+    assert_eq!(containers.len(), 1);
+    &containers[0]
+}
+
+fn args(docs: &[Value]) -> Vec<String> {
+    strings(&container(docs)["args"])
+}
+
+/// Seconds in a Go duration made of integer h/m/s/ms parts.
+fn duration_secs(d: &str) -> f64 {
+    let mut total = 0.0;
+    let mut num = String::new();
+    let mut chars = d.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            num.push(c);
+            continue;
+        }
+        let n: f64 = num.parse().unwrap_or_else(|_| panic!("bad duration {d}"));
+        num.clear();
+        total += match c {
+            'h' => n * 3600.0,
+            'm' if chars.peek() == Some(&'s') => {
+                chars.next();
+                n / 1000.0
+            }
+            'm' => n * 60.0,
+            's' => n,
+            _ => panic!("bad duration {d}"),
+        };
+    }
+    assert!(num.is_empty(), "bad duration {d}");
+    total
+}
+
+/// Every string anywhere inside a value.
+fn all_strings(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::String(s) => out.push(s.clone()),
+        Value::Sequence(s) => s.iter().for_each(|x| all_strings(x, out)),
+        Value::Mapping(m) => m.iter().for_each(|(k, x)| {
+            all_strings(k, out);
+            all_strings(x, out)
+        }),
+        Value::Tagged(t) => all_strings(&t.value, out),
+        _ => {}
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Chart metadata and values files (no Helm needed)
+// ---------------------------------------------------------------------------
+
+#[test]
+fn chart_metadata() {
+    let chart = chart_yaml();
+    assert_eq!(chart["apiVersion"], "v2");
+    assert_eq!(chart["name"], "dra-claim-controller");
+    assert_eq!(chart["appVersion"], "0.1.0");
+    assert_eq!(chart["kubeVersion"], ">=1.34.0-0");
+    assert_eq!(chart["type"], "application");
+}
+
+#[test]
+fn values_schema_covers_every_value() {
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(helm::chart_dir().join("values.schema.json")).unwrap(),
+    )
+    .expect("values.schema.json is JSON");
+    assert_eq!(schema["additionalProperties"], serde_json::json!(false));
+
+    // Every value the chart ships has a schema entry, all the way down.
+    fn walk(path: &str, value: &Value, schema: &serde_json::Value) {
+        let Value::Mapping(map) = value else { return };
+        let props = &schema["properties"];
+        if props.is_null() {
+            // a free-form map (labels, annotations, affinity, ...)
+            return;
+        }
+        for (k, v) in map {
+            let k = k.as_str().unwrap();
+            let sub = &props[k];
+            assert!(
+                !sub.is_null(),
+                "values key {path}{k} is not in values.schema.json"
+            );
+            walk(&format!("{path}{k}."), v, sub);
+        }
+    }
+    walk("", &default_values(), &schema);
+}
+
+#[test]
+fn readme_documents_every_value() {
+    let readme = std::fs::read_to_string(helm::chart_dir().join("README.md")).unwrap();
+    fn leaves(prefix: &str, v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Mapping(m) if !m.is_empty() => {
+                for (k, x) in m {
+                    leaves(&format!("{prefix}{}.", k.as_str().unwrap()), x, out)
+                }
+            }
+            _ => out.push(prefix.trim_end_matches('.').to_string()),
+        }
+    }
+    let mut keys = Vec::new();
+    leaves("", &default_values(), &mut keys);
+    for key in keys {
+        assert!(
+            readme.contains(&format!("`{key}`")),
+            "README.md values table lacks `{key}`"
+        );
+    }
+}
+
+#[test]
+fn dashboard_file_is_json_with_placeholders() {
+    let text = std::fs::read_to_string(
+        helm::chart_dir()
+            .join("dashboards")
+            .join("dra-claim-controller.json"),
+    )
+    .unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("dashboard JSON");
+    assert_eq!(dash["uid"], "dra-claim-controller");
+    assert!(text.contains("vector(__KUBE_API_QPS__)"));
+}
+
+// ---------------------------------------------------------------------------
+// Lint and schema validation
+// ---------------------------------------------------------------------------
+
+#[test]
+fn lint_and_render_default_values() {
+    let docs = render_or_skip!(&[]);
+    let kinds: BTreeSet<&str> = docs.iter().map(kind_of).collect();
+    let expected: BTreeSet<&str> = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+    ]
+    .into();
+    assert_eq!(kinds, expected, "objects rendered with default values");
+}
+
+#[test]
+fn lint_and_render_with_monitoring_enabled() {
+    let docs = render_or_skip!(&[
+        ("serviceMonitor.enabled", "true"),
+        ("serviceMonitor.labels.release", "kube-prometheus-stack"),
+        ("prometheusRule.enabled", "true"),
+        ("grafanaDashboard.enabled", "true"),
+    ]);
+    let sm = one_of_kind(&docs, "ServiceMonitor");
+    assert_eq!(sm["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(sm["metadata"]["labels"]["release"], "kube-prometheus-stack");
+    let endpoint = &sm["spec"]["endpoints"][0];
+    assert_eq!(endpoint["port"], "metrics");
+    assert_eq!(endpoint["path"], "/metrics");
+    assert_eq!(endpoint["interval"], "30s");
+    one_of_kind(&docs, "PrometheusRule");
+    one_of_kind(&docs, "ConfigMap");
+}
+
+#[test]
+fn optional_monitoring_objects_are_off_by_default() {
+    let docs = render_or_skip!(&[]);
+    for kind in ["ServiceMonitor", "PrometheusRule", "ConfigMap"] {
+        assert!(
+            all_of_kind(&docs, kind).is_empty(),
+            "{kind} rendered by default"
+        );
+    }
+}
+
+#[test]
+fn schema_rejects_non_integer_replicas() {
+    let err = render_err_or_skip!(&[("replicas", "two")]);
+    assert!(err.contains("replicas"), "{err}");
+}
+
+#[test]
+fn schema_rejects_unknown_top_level_key() {
+    let err = render_err_or_skip!(&[("replicaCount", "3")]);
+    assert!(err.contains("replicaCount"), "{err}");
+}
+
+#[test]
+fn schema_rejects_bad_flag_values() {
+    for (key, value) in [
+        ("logging.format", "xml"),
+        ("shutdownTimeout", "soon"),
+        ("leaderElection.leaseDuration", "15"),
+        ("featureGates", "DRAAdminAccess=yes"),
+        ("kubeAPI.qps", "0"),
+        ("kubeAPI.burst", "1.5"),
+        ("concurrentSyncs", "0"),
+        ("metrics.port", "70000"),
+        ("leaderElection.enabled", "maybe"),
+        ("image.pullPolicy", "Sometimes"),
+        ("serviceMonitor.enabled", "yes"),
+        ("grafanaDashboard.sidecarLabel", "bad label"),
+        ("prometheusRule.alerts.noLeader.for", "two minutes"),
+    ] {
+        let err = render_err_or_skip!(&[(key, value)]);
+        let leaf = key.rsplit('.').next().unwrap();
+        assert!(err.contains(leaf), "{key}={value}: {err}");
+    }
+}
+
+#[test]
+fn inconsistent_leader_election_durations_fail() {
+    let err = render_err_or_skip!(&[
+        ("leaderElection.leaseDuration", "10s"),
+        ("leaderElection.renewDeadline", "10s"),
+    ]);
+    assert!(err.contains("leaseDuration must be greater"), "{err}");
+    let err = render_err_or_skip!(&[("leaderElection.retryPeriod", "12s")]);
+    assert!(err.contains("renewDeadline must be greater"), "{err}");
+}
+
+// ---------------------------------------------------------------------------
+// RBAC
+// ---------------------------------------------------------------------------
+
+/// (apiGroup, resource) -> verbs, with an error on duplicate or odd rules.
+fn rules_by_resource(role: &Value) -> BTreeMap<(String, String), BTreeSet<String>> {
+    let mut out: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for rule in role["rules"].as_sequence().expect("rules") {
+        assert!(
+            rule["nonResourceURLs"].is_null(),
+            "nonResourceURLs in {rule:?}"
+        );
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                out.entry((group.clone(), resource))
+                    .or_default()
+                    .extend(strings(&rule["verbs"]));
+            }
+        }
+    }
+    out
+}
+
+fn expected_cluster_rules() -> BTreeMap<(String, String), BTreeSet<String>> {
+    [
+        ("", "pods", &["get", "list", "watch"][..]),
+        ("", "pods/status", &["patch"]),
+        (
+            "resource.k8s.io",
+            "resourceclaims",
+            &[
+                "get", "list", "watch", "create", "delete", "update", "patch",
+            ],
+        ),
+        (
+            "resource.k8s.io",
+            "resourceclaims/status",
+            &["update", "patch"],
+        ),
+        (
+            "resource.k8s.io",
+            "resourceclaims/binding",
+            &["update", "patch"],
+        ),
+        (
+            "resource.k8s.io",
+            "resourceclaimtemplates",
+            &["get", "list", "watch"],
+        ),
+        ("", "events", &["create", "patch"]),
+        ("events.k8s.io", "events", &["create", "patch"]),
+    ]
+    .into_iter()
+    .map(|(g, r, verbs)| {
+        (
+            (g.to_string(), r.to_string()),
+            verbs.iter().map(|v| v.to_string()).collect(),
+        )
+    })
+    .collect()
+}
+
+#[test]
+fn cluster_role_is_exactly_least_privilege() {
+    let docs = render_or_skip!(&[]);
+    let role = one_of_kind(&docs, "ClusterRole");
+    assert_eq!(rules_by_resource(role), expected_cluster_rules());
+    for rule in role["rules"].as_sequence().unwrap() {
+        assert!(rule["resourceNames"].is_null(), "{rule:?}");
+    }
+    assert!(role["aggregationRule"].is_null());
+
+    let binding = one_of_kind(&docs, "ClusterRoleBinding");
+    assert_eq!(binding["roleRef"]["kind"], "ClusterRole");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    let sa = one_of_kind(&docs, "ServiceAccount");
+    assert_eq!(binding["subjects"].as_sequence().unwrap().len(), 1);
+    let subject = &binding["subjects"][0];
+    assert_eq!(subject["kind"], "ServiceAccount");
+    assert_eq!(subject["name"], sa["metadata"]["name"]);
+    assert_eq!(subject["namespace"], NAMESPACE);
+}
+
+#[test]
+fn no_wildcards_in_rbac() {
+    let docs = render_or_skip!(&[
+        ("serviceMonitor.enabled", "true"),
+        ("prometheusRule.enabled", "true"),
+        ("grafanaDashboard.enabled", "true"),
+    ]);
+    for doc in &docs {
+        if !matches!(
+            kind_of(doc),
+            "ClusterRole" | "ClusterRoleBinding" | "Role" | "RoleBinding" | "ServiceAccount"
+        ) {
+            continue;
+        }
+        let mut all = Vec::new();
+        all_strings(doc, &mut all);
+        for s in all {
+            assert!(!s.contains('*'), "wildcard {s:?} in {}", kind_of(doc));
+        }
+    }
+}
+
+#[test]
+fn role_only_grants_leases_in_release_namespace() {
+    let docs = render_or_skip!(&[]);
+    let role = one_of_kind(&docs, "Role");
+    assert_eq!(role["metadata"]["namespace"], NAMESPACE);
+    let rules = rules_by_resource(role);
+    let keys: Vec<_> = rules.keys().cloned().collect();
+    assert_eq!(
+        keys,
+        vec![("coordination.k8s.io".to_string(), "leases".to_string())]
+    );
+    let verbs = &rules[&("coordination.k8s.io".to_string(), "leases".to_string())];
+    let expected: BTreeSet<String> = ["get", "create", "update", "patch"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(verbs, &expected);
+    // Everything but create (which cannot be) is limited to our lease.
+    for rule in role["rules"].as_sequence().unwrap() {
+        if strings(&rule["verbs"]) != ["create"] {
+            assert_eq!(strings(&rule["resourceNames"]), ["dra-claim-controller"]);
+        }
+    }
+
+    let binding = one_of_kind(&docs, "RoleBinding");
+    assert_eq!(binding["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(binding["roleRef"]["kind"], "Role");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
+    assert_eq!(
+        binding["subjects"][0]["name"],
+        one_of_kind(&docs, "ServiceAccount")["metadata"]["name"]
+    );
+}
+
+#[test]
+fn lease_role_follows_lease_name_and_namespace() {
+    let docs = render_or_skip!(&[
+        ("leaderElection.resourceName", "claims-leader"),
+        ("leaderElection.resourceNamespace", "leases"),
+    ]);
+    let role = one_of_kind(&docs, "Role");
+    assert_eq!(role["metadata"]["namespace"], "leases");
+    assert_eq!(
+        one_of_kind(&docs, "RoleBinding")["metadata"]["namespace"],
+        "leases"
+    );
+    let named: Vec<String> = role["rules"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|r| strings(&r["resourceNames"]))
+        .collect();
+    assert_eq!(named, ["claims-leader"]);
+    let args = args(&docs);
+    assert!(args.contains(&"--leader-elect-resource-name=claims-leader".to_string()));
+    assert!(args.contains(&"--leader-elect-resource-namespace=leases".to_string()));
+}
+
+#[test]
+fn rbac_helper_returns_only_rbac_objects() {
+    let yaml = match helm::render_rbac(RELEASE, NAMESPACE, &[]) {
+        Ok(Some(yaml)) => yaml,
+        Ok(None) => return,
+        Err(e) => panic!("{e}"),
+    };
+    let kinds: BTreeSet<String> = docs(&yaml).iter().map(|d| kind_of(d).to_string()).collect();
+    let expected: BTreeSet<String> = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(kinds, expected);
+}
+
+#[test]
+fn rbac_can_be_disabled() {
+    let docs = render_or_skip!(&[("rbac.create", "false")]);
+    for kind in ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"] {
+        assert!(
+            all_of_kind(&docs, kind).is_empty(),
+            "{kind} with rbac.create=false"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Deployment
+// ---------------------------------------------------------------------------
+
+#[test]
+fn deployment_shape() {
+    let docs = render_or_skip!(&[]);
+    let deploy = one_of_kind(&docs, "Deployment");
+    assert_eq!(deploy["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    assert_eq!(deploy["spec"]["strategy"]["type"], "RollingUpdate");
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], true);
+    assert_eq!(
+        pod["serviceAccountName"],
+        one_of_kind(&docs, "ServiceAccount")["metadata"]["name"]
+    );
+    assert!(pod["priorityClassName"].is_null());
+
+    // selector matches the pod labels
+    let selector = deploy["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .unwrap();
+    let labels = &deploy["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in selector {
+        assert_eq!(&labels[k.as_str().unwrap()], v);
+    }
+
+    // preferred anti-affinity by hostname
+    let terms =
+        &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+    let term = &terms[0]["podAffinityTerm"];
+    assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(
+        term["labelSelector"]["matchLabels"],
+        deploy["spec"]["selector"]["matchLabels"]
+    );
+    assert!(
+        pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            .is_null()
+    );
+
+    // downward API env
+    let c = container(&docs);
+    let env = c["env"].as_sequence().unwrap();
+    let field = |name: &str| {
+        env.iter()
+            .find(|e| e["name"] == name)
+            .map(|e| str_of(&e["valueFrom"]["fieldRef"]["fieldPath"]))
+    };
+    assert_eq!(
+        field("POD_NAMESPACE").as_deref(),
+        Some("metadata.namespace")
+    );
+    assert_eq!(field("POD_NAME").as_deref(), Some("metadata.name"));
+
+    // requests and limits
+    for part in ["requests", "limits"] {
+        for res in ["cpu", "memory"] {
+            assert!(
+                !c["resources"][part][res].is_null(),
+                "resources.{part}.{res}"
+            );
+        }
+    }
+}
+
+#[test]
+fn deployment_security_context() {
+    let docs = render_or_skip!(&[]);
+    let deploy = one_of_kind(&docs, "Deployment");
+    let pod_sc = &deploy["spec"]["template"]["spec"]["securityContext"];
+    assert_eq!(pod_sc["runAsNonRoot"], true);
+    assert_eq!(pod_sc["runAsUser"], 65532);
+    assert_eq!(pod_sc["seccompProfile"]["type"], "RuntimeDefault");
+
+    let sc = &container(&docs)["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_eq!(sc["runAsUser"], 65532);
+    assert_eq!(sc["runAsGroup"], 65532);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"]);
+    assert!(sc["capabilities"]["add"].is_null());
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+}
+
+#[test]
+fn deployment_ports_and_probes() {
+    let docs = render_or_skip!(&[]);
+    let c = container(&docs);
+    let ports: BTreeMap<String, i64> = c["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| (str_of(&p["name"]), p["containerPort"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(
+        ports,
+        BTreeMap::from([("health".to_string(), 8081), ("metrics".to_string(), 8080)])
+    );
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["port"], "health");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], "health");
+
+    let svc = one_of_kind(&docs, "Service");
+    let port = &svc["spec"]["ports"][0];
+    assert_eq!(port["name"], "metrics");
+    assert_eq!(port["port"], 8080);
+    assert_eq!(port["targetPort"], "metrics");
+    assert_eq!(
+        svc["spec"]["selector"],
+        one_of_kind(&docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    );
+}
+
+/// The args the chart must pass for the given values.yaml content.
+fn expected_args(values: &Value) -> Vec<String> {
+    let le = &values["leaderElection"];
+    let mut out = Vec::new();
+    let kubeconfig = str_of(&values["kubeconfig"]);
+    if !kubeconfig.is_empty() {
+        out.push(format!("--kubeconfig={kubeconfig}"));
+    }
+    out.extend([
+        format!("--kube-api-qps={}", str_of(&values["kubeAPI"]["qps"])),
+        format!("--kube-api-burst={}", str_of(&values["kubeAPI"]["burst"])),
+        format!("--concurrent-syncs={}", str_of(&values["concurrentSyncs"])),
+        format!("--feature-gates={}", str_of(&values["featureGates"])),
+        format!("--leader-elect={}", str_of(&le["enabled"])),
+        format!(
+            "--leader-elect-lease-duration={}",
+            str_of(&le["leaseDuration"])
+        ),
+        format!(
+            "--leader-elect-renew-deadline={}",
+            str_of(&le["renewDeadline"])
+        ),
+        format!("--leader-elect-retry-period={}", str_of(&le["retryPeriod"])),
+        format!(
+            "--leader-elect-resource-name={}",
+            str_of(&le["resourceName"])
+        ),
+        format!("--leader-elect-resource-namespace={NAMESPACE}"),
+        format!(
+            "--metrics-bind-address={}:{}",
+            str_of(&values["metrics"]["bindHost"]),
+            str_of(&values["metrics"]["port"])
+        ),
+        format!(
+            "--health-probe-bind-address={}:{}",
+            str_of(&values["health"]["bindHost"]),
+            str_of(&values["health"]["port"])
+        ),
+        format!("--shutdown-timeout={}", str_of(&values["shutdownTimeout"])),
+        format!("--log-format={}", str_of(&values["logging"]["format"])),
+        format!("--log-level={}", str_of(&values["logging"]["level"])),
+    ]);
+    out.extend(strings(&values["extraArgs"]));
+    out
+}
+
+#[test]
+fn args_carry_every_flag_from_values() {
+    let docs = render_or_skip!(&[]);
+    let values = default_values();
+    assert!(
+        str_of(&values["leaderElection"]["resourceNamespace"]).is_empty(),
+        "default lease namespace is the release namespace"
+    );
+    assert_eq!(args(&docs), expected_args(&values));
+
+    // The documented defaults, spelled out.
+    let args = args(&docs);
+    for flag in [
+        "--kube-api-qps=20",
+        "--kube-api-burst=30",
+        "--concurrent-syncs=50",
+        "--feature-gates=DRAAdminAccess=true,DRAPrioritizedList=true,DRAExtendedResource=true",
+        "--leader-elect=true",
+        "--leader-elect-lease-duration=15s",
+        "--leader-elect-renew-deadline=10s",
+        "--leader-elect-retry-period=2s",
+        "--leader-elect-resource-name=dra-claim-controller",
+        "--leader-elect-resource-namespace=dra-system",
+        "--metrics-bind-address=:8080",
+        "--health-probe-bind-address=:8081",
+        "--shutdown-timeout=20s",
+        "--log-format=json",
+        "--log-level=info",
+    ] {
+        assert!(
+            args.contains(&flag.to_string()),
+            "missing {flag} in {args:?}"
+        );
+    }
+    assert!(!args.iter().any(|a| a.starts_with("--kubeconfig")));
+}
+
+#[test]
+fn args_follow_overridden_values() {
+    // qps as a float needs a values file: --set has no floats.
+    let values = r#"
+kubeconfig: /etc/dra/kubeconfig
+kubeAPI:
+  qps: 12.5
+  burst: 1000000
+concurrentSyncs: 8
+featureGates: DRAAdminAccess=false,DRAPrioritizedList=true
+leaderElection:
+  enabled: false
+replicas: 1
+metrics:
+  bindHost: 127.0.0.1
+  port: 9090
+health:
+  port: 9091
+shutdownTimeout: 45s
+logging:
+  format: text
+  level: info,dra_claim_controller=debug
+extraArgs:
+  - --some-new-flag=1
+"#;
+    let docs = match helm::render_chart_with_values(RELEASE, NAMESPACE, values, &[]) {
+        Ok(Some(yaml)) => docs(&yaml),
+        Ok(None) => return,
+        Err(e) => panic!("{e}"),
+    };
+    let args = args(&docs);
+    for flag in [
+        "--kubeconfig=/etc/dra/kubeconfig",
+        "--kube-api-qps=12.5",
+        "--kube-api-burst=1000000",
+        "--concurrent-syncs=8",
+        "--feature-gates=DRAAdminAccess=false,DRAPrioritizedList=true",
+        "--leader-elect=false",
+        "--metrics-bind-address=127.0.0.1:9090",
+        "--health-probe-bind-address=:9091",
+        "--shutdown-timeout=45s",
+        "--log-format=text",
+        "--log-level=info,dra_claim_controller=debug",
+    ] {
+        assert!(
+            args.contains(&flag.to_string()),
+            "missing {flag} in {args:?}"
+        );
+    }
+    assert_eq!(args.last().unwrap(), "--some-new-flag=1");
+    let c = container(&docs);
+    let port = |name: &str| {
+        c["ports"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .map(|p| p["containerPort"].as_i64().unwrap())
+    };
+    assert_eq!(port("metrics"), Some(9090));
+    assert_eq!(port("health"), Some(9091));
+    assert_eq!(
+        one_of_kind(&docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"],
+        55
+    );
+}
+
+#[test]
+fn termination_grace_period_exceeds_shutdown_timeout() {
+    let docs = render_or_skip!(&[]);
+    let grace = |docs: &[Value]| {
+        one_of_kind(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+            .as_i64()
+            .expect("terminationGracePeriodSeconds")
+    };
+    let shutdown = duration_secs(&str_of(&default_values()["shutdownTimeout"]));
+    assert!(
+        grace(&docs) as f64 > shutdown,
+        "grace {} <= shutdown {shutdown}",
+        grace(&docs)
+    );
+    assert_eq!(grace(&docs), 30);
+
+    for (timeout, expected) in [("1m30s", 100), ("1500ms", 12), ("1h", 3610)] {
+        let docs = render_or_skip!(&[("shutdownTimeout", timeout)]);
+        assert_eq!(grace(&docs), expected, "shutdownTimeout={timeout}");
+        assert!(grace(&docs) as f64 > duration_secs(timeout));
+        assert!(args(&docs).contains(&format!("--shutdown-timeout={timeout}")));
+    }
+}
+
+#[test]
+fn scheduling_values_are_applied() {
+    let docs = render_or_skip!(&[
+        ("replicas", "3"),
+        ("priorityClassName", "system-cluster-critical"),
+        ("nodeSelector.node-role\\.kubernetes\\.io/control-plane", ""),
+        (
+            "tolerations[0].key",
+            "node-role.kubernetes.io/control-plane"
+        ),
+        ("tolerations[0].effect", "NoSchedule"),
+        ("podAnnotations.example\\.com/team", "dra"),
+        ("podLabels.tier", "control-plane"),
+        ("podAntiAffinityPreset", "hard"),
+        ("resources.limits.memory", "512Mi"),
+    ]);
+    let deploy = one_of_kind(&docs, "Deployment");
+    assert_eq!(deploy["spec"]["replicas"], 3);
+    let tpl = &deploy["spec"]["template"];
+    let pod = &tpl["spec"];
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    assert_eq!(
+        pod["nodeSelector"]["node-role.kubernetes.io/control-plane"],
+        ""
+    );
+    assert_eq!(pod["tolerations"][0]["effect"], "NoSchedule");
+    assert_eq!(tpl["metadata"]["annotations"]["example.com/team"], "dra");
+    assert_eq!(tpl["metadata"]["labels"]["tier"], "control-plane");
+    assert_eq!(
+        pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+    assert_eq!(container(&docs)["resources"]["limits"]["memory"], "512Mi");
+}
+
+#[test]
+fn image_defaults_to_app_version_and_is_overridable() {
+    let docs = render_or_skip!(&[]);
+    let app_version = str_of(&chart_yaml()["appVersion"]);
+    assert_eq!(
+        container(&docs)["image"],
+        format!("ghcr.io/dra-claim-controller/dra-claim-controller:{app_version}").as_str()
+    );
+
+    let docs = render_or_skip!(&[
+        ("image.repository", "registry.example/dra"),
+        ("image.tag", "v9"),
+    ]);
+    assert_eq!(container(&docs)["image"], "registry.example/dra:v9");
+    let digest = format!("sha256:{}", "a".repeat(64));
+    let docs = render_or_skip!(&[("image.digest", digest.as_str())]);
+    assert_eq!(
+        container(&docs)["image"],
+        format!("ghcr.io/dra-claim-controller/dra-claim-controller@{digest}").as_str()
+    );
+}
+
+#[test]
+fn standard_labels_on_every_object() {
+    let docs = render_or_skip!(&[
+        ("serviceMonitor.enabled", "true"),
+        ("prometheusRule.enabled", "true"),
+        ("grafanaDashboard.enabled", "true"),
+    ]);
+    let chart = chart_yaml();
+    let chart_label = format!("{}-{}", str_of(&chart["name"]), str_of(&chart["version"]));
+    for doc in &docs {
+        let labels = &doc["metadata"]["labels"];
+        let what = format!("{} {}", kind_of(doc), str_of(&doc["metadata"]["name"]));
+        assert_eq!(
+            labels["app.kubernetes.io/name"], "dra-claim-controller",
+            "{what}"
+        );
+        assert_eq!(labels["app.kubernetes.io/instance"], RELEASE, "{what}");
+        assert_eq!(labels["app.kubernetes.io/version"], "0.1.0", "{what}");
+        assert_eq!(labels["app.kubernetes.io/managed-by"], "Helm", "{what}");
+        assert_eq!(labels["helm.sh/chart"], chart_label.as_str(), "{what}");
+    }
+}
+
+#[test]
+fn pod_disruption_budget() {
+    let docs = render_or_skip!(&[]);
+    let pdb = one_of_kind(&docs, "PodDisruptionBudget");
+    assert_eq!(pdb["apiVersion"], "policy/v1");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        one_of_kind(&docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    );
+
+    let docs = render_or_skip!(&[("pdb.minAvailable", ""), ("pdb.maxUnavailable", "50%")]);
+    let pdb = one_of_kind(&docs, "PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["maxUnavailable"], "50%");
+    assert!(pdb["spec"]["minAvailable"].is_null());
+}
+
+// ---------------------------------------------------------------------------
+// Monitoring
+// ---------------------------------------------------------------------------
+
+#[test]
+fn prometheus_rule_has_the_five_alerts() {
+    let docs = render_or_skip!(&[("prometheusRule.enabled", "true")]);
+    let rule = one_of_kind(&docs, "PrometheusRule");
+    assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
+    let mut alerts: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for group in rule["spec"]["groups"].as_sequence().unwrap() {
+        for r in group["rules"].as_sequence().unwrap() {
+            alerts.insert(str_of(&r["alert"]), (str_of(&r["expr"]), str_of(&r["for"])));
+            assert!(!r["labels"]["severity"].is_null());
+            assert!(!r["annotations"]["summary"].is_null());
+        }
+    }
+    let expected: BTreeMap<&str, (&[&str], &str)> = BTreeMap::from([
+        (
+            "DRAClaimControllerWorkQueueDepthHigh",
+            (
+                &[r#"workqueue_depth{name="resource_claim"} > 100"#][..],
+                "10m",
+            ),
+        ),
+        (
+            "DRAClaimControllerWorkDurationHigh",
+            (
+                &[
+                    "histogram_quantile(0.99,",
+                    r#"rate(workqueue_work_duration_seconds_bucket{name="resource_claim"}[5m])"#,
+                    "> 5",
+                ][..],
+                "10m",
+            ),
+        ),
+        (
+            "DRAClaimControllerRetriesRising",
+            (
+                &[r#"rate(workqueue_retries_total{name="resource_claim"}[5m])"#][..],
+                "15m",
+            ),
+        ),
+        (
+            "DRAClaimControllerNoLeader",
+            (
+                &[
+                    r#"max(leader_election_master_status{name="dra-claim-controller"}) < 1"#,
+                    r#"absent(leader_election_master_status{name="dra-claim-controller"})"#,
+                ][..],
+                "2m",
+            ),
+        ),
+        (
+            "DRAClaimControllerClaimCreationFailures",
+            (
+                &[r#"rate(resourceclaim_controller_creates_total{status="failure"}[5m])) > 0"#][..],
+                "5m",
+            ),
+        ),
+    ]);
+    assert_eq!(
+        alerts.keys().map(String::as_str).collect::<Vec<_>>(),
+        expected.keys().copied().collect::<Vec<_>>()
+    );
+    for (name, (needles, for_)) in expected {
+        let (expr, got_for) = &alerts[name];
+        for needle in needles {
+            assert!(expr.contains(needle), "{name}: {expr:?} lacks {needle:?}");
+        }
+        assert_eq!(got_for, for_, "{name}");
+    }
+}
+
+#[test]
+fn prometheus_rule_thresholds_come_from_values() {
+    // A float threshold needs a values file: --set has no floats.
+    let values = r#"
+prometheusRule:
+  enabled: true
+  selector: job="dra-metrics"
+  alerts:
+    workQueueDepthHigh:
+      threshold: 250
+    workDurationHigh:
+      thresholdSeconds: 0.5
+    retriesRising:
+      threshold: 3
+    noLeader:
+      for: 5m
+    claimCreationFailures:
+      enabled: false
+"#;
+    let docs = match helm::render_chart_with_values(RELEASE, NAMESPACE, values, &[]) {
+        Ok(Some(yaml)) => docs(&yaml),
+        Ok(None) => return,
+        Err(e) => panic!("{e}"),
+    };
+    let rule = one_of_kind(&docs, "PrometheusRule");
+    let rules = rule["spec"]["groups"][0]["rules"].as_sequence().unwrap();
+    let expr = |name: &str| {
+        rules
+            .iter()
+            .find(|r| r["alert"] == name)
+            .map(|r| (str_of(&r["expr"]), str_of(&r["for"])))
+    };
+    assert_eq!(rules.len(), 4);
+    let (e, _) = expr("DRAClaimControllerWorkQueueDepthHigh").unwrap();
+    assert_eq!(
+        e,
+        r#"workqueue_depth{name="resource_claim",job="dra-metrics"} > 250"#
+    );
+    assert!(
+        expr("DRAClaimControllerWorkDurationHigh")
+            .unwrap()
+            .0
+            .ends_with("> 0.5")
+    );
+    assert!(
+        expr("DRAClaimControllerRetriesRising")
+            .unwrap()
+            .0
+            .ends_with("> 3")
+    );
+    assert_eq!(expr("DRAClaimControllerNoLeader").unwrap().1, "5m");
+    assert!(expr("DRAClaimControllerClaimCreationFailures").is_none());
+}
+
+fn dashboard_exprs(dash: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for panel in dash["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            out.push(target["expr"].as_str().unwrap().to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn grafana_dashboard_configmap() {
+    let docs = render_or_skip!(&[("grafanaDashboard.enabled", "true")]);
+    let cm = one_of_kind(&docs, "ConfigMap");
+    assert_eq!(cm["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let data = cm["data"].as_mapping().unwrap();
+    assert_eq!(data.len(), 1);
+    let (key, json) = data.iter().next().unwrap();
+    assert!(key.as_str().unwrap().ends_with(".json"));
+    let dash: serde_json::Value =
+        serde_json::from_str(json.as_str().unwrap()).expect("dashboard is JSON");
+    let exprs = dashboard_exprs(&dash);
+    for expected in [
+        r#"rate(workqueue_adds_total{name="resource_claim"}[5m])"#,
+        r#"workqueue_depth{name="resource_claim"}"#,
+        r#"histogram_quantile(0.99, sum by (le) (rate(workqueue_work_duration_seconds_bucket{name="resource_claim"}[5m])))"#,
+        "sum by (status) (rate(resourceclaim_controller_creates_total[5m]))",
+        "sum by (allocated, admin_access, source) (resourceclaim_controller_resource_claims)",
+        "sum(rate(rest_client_requests_total[1m]))",
+        "vector(20)",
+        "histogram_quantile(0.99, sum by (le) (rate(rest_client_rate_limiter_duration_seconds_bucket[5m])))",
+        r#"leader_election_master_status{name="dra-claim-controller"}"#,
+        r#"rate(workqueue_retries_total{name="resource_claim"}[5m])"#,
+        r#"workqueue_unfinished_work_seconds{name="resource_claim"}"#,
+    ] {
+        assert!(
+            exprs.iter().any(|e| e == expected),
+            "dashboard lacks {expected:?}; has {exprs:#?}"
+        );
+    }
+    // The QPS line sits on the same panel as the request rate.
+    let qps_panel = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| {
+            p["targets"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["expr"] == "vector(20)"))
+        })
+        .expect("QPS panel");
+    assert!(
+        qps_panel["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["expr"] == "sum(rate(rest_client_requests_total[1m]))")
+    );
+    assert!(
+        !json.as_str().unwrap().contains("__"),
+        "unreplaced placeholder"
+    );
+}
+
+#[test]
+fn grafana_dashboard_follows_values() {
+    let docs = render_or_skip!(&[
+        ("grafanaDashboard.enabled", "true"),
+        ("grafanaDashboard.sidecarLabel", "example.com/dashboard"),
+        ("grafanaDashboard.sidecarLabelValue", "yes"),
+        ("grafanaDashboard.namespace", "monitoring"),
+        ("grafanaDashboard.annotations.grafana_folder", "DRA"),
+        ("kubeAPI.qps", "42"),
+        ("leaderElection.resourceName", "claims-leader"),
+    ]);
+    let cm = one_of_kind(&docs, "ConfigMap");
+    assert_eq!(cm["metadata"]["namespace"], "monitoring");
+    assert_eq!(cm["metadata"]["labels"]["example.com/dashboard"], "yes");
+    assert!(cm["metadata"]["labels"]["grafana_dashboard"].is_null());
+    assert_eq!(cm["metadata"]["annotations"]["grafana_folder"], "DRA");
+    let (_, json) = cm["data"].as_mapping().unwrap().iter().next().unwrap();
+    let dash: serde_json::Value = serde_json::from_str(json.as_str().unwrap()).unwrap();
+    let exprs = dashboard_exprs(&dash);
+    assert!(exprs.iter().any(|e| e == "vector(42)"), "{exprs:#?}");
+    assert!(
+        exprs
+            .iter()
+            .any(|e| e == r#"leader_election_master_status{name="claims-leader"}"#)
+    );
+}
+
+// ---------------------------------------------------------------------------
+// NOTES.txt
+// ---------------------------------------------------------------------------
+
+#[test]
+fn notes_explain_turning_off_the_in_tree_controller() {
+    let notes = match helm::render_notes(RELEASE, NAMESPACE, &[]) {
+        Ok(Some(notes)) => notes,
+        Ok(None) => return,
+        Err(e) => panic!("{e}"),
+    };
+    for needle in [
+        "--controllers=*,-resourceclaim-controller",
+        "kube-controller-manager",
+        "kubectl get lease -n kube-system",
+        "kubectl get lease -n dra-system dra-claim-controller",
+        "logs",
+    ] {
+        assert!(
+            notes.contains(needle),
+            "NOTES.txt lacks {needle:?}:\n{notes}"
+        );
+    }
+}

@@ -1,0 +1,364 @@
+//! Renders `charts/dra-claim-controller` with a real Helm.
+//!
+//! Helm's Go SDK is reached through the PyPI package `helm-python-sdk`, which
+//! ships it as a shared library (`libhelm_c.so`) behind a ctypes binding, so
+//! neither a `helm` binary nor a Go toolchain is needed. On first use a
+//! virtualenv is created under `<target dir>/helm-venv` and the pinned
+//! package is installed into it; later runs reuse it. Creation is serialised
+//! with an exclusive file lock and finished off with a marker file, so
+//! parallel tests and parallel `cargo test` processes never see a half-made
+//! venv.
+//!
+//! When the venv cannot be made (no `python3` >= 3.10, no package registry,
+//! no wheel for this platform) the helpers return `Ok(None)` after printing
+//! one `SKIP: helm-python-sdk unavailable (<reason>)` line; set
+//! `DRA_HELM_TESTS_REQUIRED=1` to turn that into an error instead.
+//!
+//! Include it from a test crate with
+//! `#[path = "support/helm.rs"] mod helm;`.
+#![allow(dead_code)]
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// The helm-python-sdk release these tests were written against (Helm SDK v4.2.3).
+pub const HELM_PYTHON_SDK_VERSION: &str = "0.2.2";
+
+/// Set to `1` to make an unavailable Helm a test failure rather than a skip.
+pub const REQUIRED_ENV: &str = "DRA_HELM_TESTS_REQUIRED";
+
+/// Repository root (the package's manifest directory).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The chart directory.
+pub fn chart_dir() -> PathBuf {
+    repo_root().join("charts").join("dra-claim-controller")
+}
+
+/// The lint-and-template helper script.
+pub fn render_script() -> PathBuf {
+    repo_root().join("tests").join("helm").join("render.py")
+}
+
+/// Cargo's target directory: `CARGO_TARGET_DIR` (at run or build time) or
+/// `<repo>/target`.
+pub fn target_dir() -> PathBuf {
+    let configured = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .or_else(|| option_env!("CARGO_TARGET_DIR").map(PathBuf::from));
+    match configured {
+        Some(dir) if dir.is_absolute() => dir,
+        Some(dir) => repo_root().join(dir),
+        None => repo_root().join("target"),
+    }
+}
+
+/// The virtualenv that holds helm-python-sdk.
+pub fn venv_dir() -> PathBuf {
+    target_dir().join("helm-venv")
+}
+
+fn venv_python(venv: &Path) -> PathBuf {
+    venv.join("bin").join("python")
+}
+
+fn marker_file(venv: &Path) -> PathBuf {
+    venv.join(format!(".helm-python-sdk-{HELM_PYTHON_SDK_VERSION}.ok"))
+}
+
+/// Progress output. Written straight to the process's stderr so it shows up
+/// while a test runs, not only when it fails.
+fn progress(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "helm-venv: {msg}");
+}
+
+/// The venv's python, creating the venv on first use. `Ok(None)`: Helm is
+/// unavailable and the caller should skip (the SKIP line is printed once per
+/// process).
+pub fn helm_python() -> Result<Option<PathBuf>, String> {
+    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let outcome = PYTHON.get_or_init(|| {
+        let outcome = ensure_venv();
+        if let Err(reason) = &outcome {
+            let line = format!("SKIP: helm-python-sdk unavailable ({reason})\n");
+            let _ = std::io::stdout().write_all(line.as_bytes());
+            let _ = std::io::stdout().flush();
+        }
+        outcome
+    });
+    match outcome {
+        Ok(python) => Ok(Some(python.clone())),
+        Err(reason) if std::env::var(REQUIRED_ENV).is_ok_and(|v| v == "1") => Err(format!(
+            "helm-python-sdk unavailable ({reason}) and {REQUIRED_ENV}=1"
+        )),
+        Err(_) => Ok(None),
+    }
+}
+
+fn ensure_venv() -> Result<PathBuf, String> {
+    let venv = venv_dir();
+    let python = venv_python(&venv);
+    if marker_file(&venv).is_file() && python.exists() {
+        return Ok(python);
+    }
+
+    let parent = venv
+        .parent()
+        .ok_or_else(|| format!("no parent directory for {}", venv.display()))?;
+    fs::create_dir_all(parent).map_err(|e| format!("create {}: {e}", parent.display()))?;
+    let lock_path = parent.join("helm-venv.lock");
+    let lock =
+        File::create(&lock_path).map_err(|e| format!("open {}: {e}", lock_path.display()))?;
+    if lock.try_lock().is_err() {
+        progress("waiting for another test process to finish installing helm-python-sdk");
+        lock.lock()
+            .map_err(|e| format!("lock {}: {e}", lock_path.display()))?;
+    }
+    // Someone else may have finished while we waited.
+    if marker_file(&venv).is_file() && python.exists() {
+        return Ok(python);
+    }
+
+    let started = Instant::now();
+    let base_python = find_base_python()?;
+    if venv.exists() {
+        progress(&format!("removing incomplete venv {}", venv.display()));
+        fs::remove_dir_all(&venv).map_err(|e| format!("remove {}: {e}", venv.display()))?;
+    }
+
+    progress(&format!(
+        "creating {} with {}",
+        venv.display(),
+        base_python.display()
+    ));
+    run_step(
+        Command::new(&base_python).arg("-m").arg("venv").arg(&venv),
+        "python3 -m venv",
+    )?;
+
+    progress(&format!(
+        "pip install helm-python-sdk=={HELM_PYTHON_SDK_VERSION} (about 75 MB, first run only)"
+    ));
+    run_step(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                "--progress-bar",
+                "off",
+                "--retries",
+                "2",
+                "--timeout",
+                "30",
+            ])
+            .arg(format!("helm-python-sdk=={HELM_PYTHON_SDK_VERSION}")),
+        "pip install helm-python-sdk",
+    )?;
+
+    // The import loads libhelm_c.so: catches a wheel whose library cannot
+    // load here (e.g. too old a glibc).
+    let check = Command::new(&python)
+        .args(["-c", "import helm_python as h; print(h.helm_sdk_version())"])
+        .output()
+        .map_err(|e| format!("run {}: {e}", python.display()))?;
+    if !check.status.success() {
+        return Err(format!(
+            "import helm_python failed: {}",
+            last_line(&String::from_utf8_lossy(&check.stderr))
+        ));
+    }
+    let sdk = String::from_utf8_lossy(&check.stdout).trim().to_string();
+
+    fs::write(
+        marker_file(&venv),
+        format!("helm-python-sdk {HELM_PYTHON_SDK_VERSION}\nhelm sdk {sdk}\n"),
+    )
+    .map_err(|e| format!("write marker: {e}"))?;
+    progress(&format!(
+        "ready: Helm SDK {sdk}, installed in {:.1}s",
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(python)
+}
+
+/// `PYTHON3` if set, else the first of python3/python that is >= 3.10 (the
+/// package's floor).
+fn find_base_python() -> Result<PathBuf, String> {
+    let candidates: Vec<PathBuf> = match std::env::var_os("PYTHON3") {
+        Some(p) => vec![PathBuf::from(p)],
+        None => vec![PathBuf::from("python3"), PathBuf::from("python")],
+    };
+    let mut reasons = Vec::new();
+    for candidate in candidates {
+        match Command::new(&candidate)
+            .args([
+                "-c",
+                "import sys; print('%d.%d' % sys.version_info[:2]); sys.exit(0 if sys.version_info >= (3, 10) else 1)",
+            ])
+            .stdin(Stdio::null())
+            .output()
+        {
+            Ok(out) if out.status.success() => return Ok(candidate),
+            Ok(out) => reasons.push(format!(
+                "{} is Python {}, need >= 3.10",
+                candidate.display(),
+                String::from_utf8_lossy(&out.stdout).trim()
+            )),
+            Err(e) => reasons.push(format!("{}: {e}", candidate.display())),
+        }
+    }
+    Err(reasons.join("; "))
+}
+
+/// Runs a setup command with its output sent to our stderr (progress).
+fn run_step(cmd: &mut Command, what: &str) -> Result<(), String> {
+    let status = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(std::io::stderr()))
+        .stderr(Stdio::inherit())
+        .status()
+        .map_err(|e| format!("{what}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{what} failed ({status})"))
+    }
+}
+
+fn last_line(s: &str) -> &str {
+    s.lines()
+        .rfind(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+}
+
+/// Lints the chart (`helm lint --strict`) and renders it (`helm template`)
+/// with `--set key=value` for each pair (Helm `--set` syntax: escape commas
+/// in a value as `\,`). Values are validated against values.schema.json.
+///
+/// `Ok(Some(yaml))`: the manifests as one multi-document YAML stream.
+/// `Ok(None)`: Helm is unavailable here; skip.
+/// `Err(msg)`: lint, schema validation or rendering failed; `msg` is Helm's
+/// message.
+pub fn render_chart(
+    release: &str,
+    namespace: &str,
+    extra_set: &[(&str, &str)],
+) -> Result<Option<String>, String> {
+    run_render(release, namespace, extra_set, &[])
+}
+
+/// Like [`render_chart`], with `values_yaml` passed as a values file
+/// (`helm template -f`) before the `--set` pairs, for values `--set` cannot
+/// express (floats, lists of objects, strings that look like numbers).
+pub fn render_chart_with_values(
+    release: &str,
+    namespace: &str,
+    values_yaml: &str,
+    extra_set: &[(&str, &str)],
+) -> Result<Option<String>, String> {
+    let mut file = tempfile::Builder::new()
+        .prefix("dra-values-")
+        .suffix(".yaml")
+        .tempfile()
+        .map_err(|e| format!("temporary values file: {e}"))?;
+    file.write_all(values_yaml.as_bytes())
+        .and_then(|()| file.flush())
+        .map_err(|e| format!("write values file: {e}"))?;
+    let path = file.path().to_string_lossy().into_owned();
+    run_render(release, namespace, extra_set, &["--values", path.as_str()])
+}
+
+/// Like [`render_chart`], but returns the rendered NOTES.txt.
+pub fn render_notes(
+    release: &str,
+    namespace: &str,
+    extra_set: &[(&str, &str)],
+) -> Result<Option<String>, String> {
+    run_render(release, namespace, extra_set, &["--notes"])
+}
+
+/// The RBAC objects (ServiceAccount, ClusterRole, ClusterRoleBinding, Role,
+/// RoleBinding) of a rendered release, as a multi-document YAML stream ready
+/// for `kubectl apply -f -` or a kube client.
+pub fn render_rbac(
+    release: &str,
+    namespace: &str,
+    extra_set: &[(&str, &str)],
+) -> Result<Option<String>, String> {
+    const RBAC_KINDS: [&str; 5] = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ];
+    let Some(rendered) = render_chart(release, namespace, extra_set)? else {
+        return Ok(None);
+    };
+    let mut out = String::new();
+    for doc in parse_documents(&rendered)? {
+        let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
+        if RBAC_KINDS.contains(&kind) {
+            out.push_str("---\n");
+            out.push_str(&serde_yaml::to_string(&doc).map_err(|e| e.to_string())?);
+        }
+    }
+    Ok(Some(out))
+}
+
+/// Splits a multi-document YAML stream into its non-empty documents.
+pub fn parse_documents(yaml: &str) -> Result<Vec<serde_yaml::Value>, String> {
+    use serde::Deserialize;
+    let mut docs = Vec::new();
+    for de in serde_yaml::Deserializer::from_str(yaml) {
+        let value = serde_yaml::Value::deserialize(de).map_err(|e| format!("bad YAML: {e}"))?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+fn run_render(
+    release: &str,
+    namespace: &str,
+    extra_set: &[(&str, &str)],
+    extra_args: &[&str],
+) -> Result<Option<String>, String> {
+    let Some(python) = helm_python()? else {
+        return Ok(None);
+    };
+    let mut cmd = Command::new(&python);
+    cmd.arg(render_script())
+        .arg(chart_dir())
+        .args(["--name", release, "--namespace", namespace])
+        .args(extra_args);
+    for (key, value) in extra_set {
+        cmd.arg("--set").arg(format!("{key}={value}"));
+    }
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("run {}: {e}", python.display()))?;
+    if out.status.success() {
+        String::from_utf8(out.stdout)
+            .map(Some)
+            .map_err(|e| format!("render output is not UTF-8: {e}"))
+    } else {
+        Err(format!(
+            "helm lint/template failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
