@@ -111,14 +111,9 @@ fn write_kubeconfig(
 pub struct Cluster {
     pub apiserver: Proc,
     pub etcd: Proc,
-    pub url: String,
     pub dir: PathBuf,
     pub admin_kubeconfig: PathBuf,
     pub controller_kubeconfig: PathBuf,
-    /// Where the controller RBAC came from (chart or built-in).
-    pub rbac_origin: String,
-    /// Wall time from nothing to a ready API server with the controller identity.
-    pub startup: Duration,
     tempdir: Option<tempfile::TempDir>,
 }
 
@@ -175,12 +170,9 @@ impl Cluster {
         Ok(Self {
             apiserver,
             etcd,
-            url,
             dir,
             admin_kubeconfig,
             controller_kubeconfig,
-            rbac_origin: rbac.origin,
-            startup,
             tempdir: Some(tempdir),
         })
     }
@@ -300,7 +292,7 @@ async fn start_apiserver(
         write_kubeconfig(&kubeconfig, &url, &pki.ca_crt, "admin", admin_token)?;
         let client = client_from(&kubeconfig).await?;
         let deadline = Instant::now() + READY_TIMEOUT;
-        let mut last_probe = String::new();
+        let mut last_probe: String;
         loop {
             if let Some(status) = apiserver.exited() {
                 last_err = anyhow!(

@@ -76,7 +76,6 @@ enum Env {
     Isolated(Box<Isolated>),
 }
 
-#[derive(Debug)]
 pub struct TestCtx {
     pub name: &'static str,
     pub client: kube::Client,
@@ -200,13 +199,6 @@ impl TestCtx {
         match &mut self.env {
             Env::Isolated(iso) => iso,
             Env::Shared(_) => panic!("{}: needs an isolated environment", self.name),
-        }
-    }
-
-    pub fn cluster(&self) -> &Cluster {
-        match &self.env {
-            Env::Shared(s) => &s.cluster,
-            Env::Isolated(iso) => &iso.cluster,
         }
     }
 

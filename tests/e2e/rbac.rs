@@ -180,11 +180,10 @@ pub async fn apply(client: &kube::Client, rbac: &Rbac) -> anyhow::Result<()> {
 pub async fn service_account_token(client: &kube::Client, sa: &str) -> anyhow::Result<String> {
     let api: Api<ServiceAccount> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
     let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
+        spec: Some(TokenRequestSpec {
             expiration_seconds: Some(24 * 3600),
             ..Default::default()
-        },
+        }),
         ..Default::default()
     };
     let resp = api
@@ -192,6 +191,6 @@ pub async fn service_account_token(client: &kube::Client, sa: &str) -> anyhow::R
         .await
         .with_context(|| format!("TokenRequest for {SYSTEM_NAMESPACE}/{sa}"))?;
     resp.status
-        .map(|s| s.token)
-        .context("TokenRequest returned no status")
+        .and_then(|s| s.token)
+        .context("TokenRequest returned no token")
 }

@@ -68,7 +68,7 @@ async fn template_claim_created_and_recorded() {
 
     assert_eq!(
         serde_json::to_value(&claim.spec).unwrap(),
-        serde_json::to_value(&template.spec.spec).unwrap(),
+        serde_json::to_value(template.spec.as_ref().and_then(|s| s.spec.as_ref())).unwrap(),
         "claim spec must be the template's spec.spec"
     );
 

@@ -63,14 +63,14 @@ async fn gated_fields_refused_with_gates_off() {
     )
     .await;
     let stored = t.templates().get("admin-template").await.unwrap();
-    let admin = serde_json::to_value(&stored.spec.spec).unwrap();
+    let admin = serde_json::to_value(stored.spec.and_then(|s| s.spec)).unwrap();
     assert_eq!(
         admin["devices"]["requests"][0]["exactly"]["adminAccess"],
         json!(true),
         "the API server dropped adminAccess (its DRAAdminAccess gate is off?)"
     );
     let stored = t.templates().get("prio-template").await.unwrap();
-    let prio = serde_json::to_value(&stored.spec.spec).unwrap();
+    let prio = serde_json::to_value(stored.spec.and_then(|s| s.spec)).unwrap();
     assert!(
         prio["devices"]["requests"][0]["firstAvailable"].is_array(),
         "the API server dropped firstAvailable (its DRAPrioritizedList gate is off?)"

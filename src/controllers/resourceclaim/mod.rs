@@ -10,6 +10,9 @@ pub mod patch;
 pub mod pod;
 pub mod views;
 
+#[cfg(test)]
+mod decision_tests;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;

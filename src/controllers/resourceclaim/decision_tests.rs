@@ -1,0 +1,660 @@
+//! Decision tables for pod work and claim work. Row names follow the
+//! reference controller's test cases so coverage can be compared line by line.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::cache::{Caches, object_key};
+use super::claim::{self, ClaimActions, ClaimDecision, LivePod};
+use super::patch::pod_consumer;
+use super::pod::{self, EntryAction};
+use super::views::{ClaimView, PodView, TemplateView};
+use crate::features::FeatureGates;
+use crate::naming::{DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION};
+
+const NS: &str = "my-namespace";
+const POD: &str = "test-pod";
+const POD_UID: &str = "uidpod1";
+const ENTRY: &str = "acme-resource";
+const TEMPLATE: &str = "my-template";
+const GENERATED: &str = "test-pod-acme-resource-abcde";
+
+fn merge(a: &mut Value, b: Value) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+/// The pod of the reference tests: one template entry.
+fn pod_with(extra: Value) -> PodView {
+    let mut v = json!({
+        "metadata": {"name": POD, "namespace": NS, "uid": POD_UID},
+        "spec": {"resourceClaims": [{"name": ENTRY, "resourceClaimTemplateName": TEMPLATE}]},
+        "status": {}
+    });
+    merge(&mut v, extra);
+    serde_json::from_value(v).unwrap()
+}
+
+fn recorded(name: &str) -> Value {
+    json!({"status": {"resourceClaimStatuses": [{"name": ENTRY, "resourceClaimName": name}]}})
+}
+
+fn claim_with(name: &str, extra: Value) -> ClaimView {
+    let mut v = json!({"metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"), "resourceVersion": "5"}});
+    merge(&mut v, extra);
+    serde_json::from_value(v).unwrap()
+}
+
+fn owned_by(uid: &str) -> Value {
+    json!({"metadata": {"ownerReferences": [
+        {"apiVersion": "v1", "kind": "Pod", "name": POD, "uid": uid, "controller": true}]}})
+}
+
+fn generated_claim(name: &str) -> ClaimView {
+    let mut extra = owned_by(POD_UID);
+    merge(
+        &mut extra,
+        json!({"metadata": {"annotations": {POD_CLAIM_NAME_ANNOTATION: ENTRY}}}),
+    );
+    claim_with(name, extra)
+}
+
+fn allocated(mut claim: Value) -> Value {
+    merge(
+        &mut claim,
+        json!({"metadata": {"finalizers": [DELETE_PROTECTION_FINALIZER]}, "status": {"allocation": {"devices": {}}}}),
+    );
+    claim
+}
+
+fn reserved_for(pods: &[(&str, &str)]) -> Value {
+    let entries: Vec<Value> = pods
+        .iter()
+        .map(|(name, uid)| json!({"resource": "pods", "name": name, "uid": uid}))
+        .collect();
+    json!({"status": {"reservedFor": entries}})
+}
+
+fn template(requests: Value) -> TemplateView {
+    serde_json::from_value(json!({
+        "metadata": {"name": TEMPLATE, "namespace": NS},
+        "spec": {"metadata": {"labels": {"team": "ml"}}, "spec": {"devices": {"requests": requests}}}
+    }))
+    .unwrap()
+}
+
+fn plain_template() -> TemplateView {
+    template(json!([{"name": "req-0", "exactly": {"deviceClassName": "my-resource-class"}}]))
+}
+
+fn caches(pods: &[PodView], claims: &[ClaimView], templates: &[TemplateView]) -> Caches {
+    let c = Caches::new();
+    for p in pods {
+        c.pods
+            .apply(object_key(p.namespace(), p.name()), Arc::new(p.clone()));
+    }
+    for cl in claims {
+        c.claims
+            .apply(object_key(cl.namespace(), cl.name()), Arc::new(cl.clone()));
+    }
+    for t in templates {
+        c.templates
+            .apply(object_key(t.namespace(), t.name()), Arc::new(t.clone()));
+    }
+    c
+}
+
+/// What pod work decided, reduced to comparable values.
+#[derive(Debug, PartialEq)]
+enum Want {
+    Nothing,
+    Create {
+        generate_name: String,
+        admin_access: bool,
+    },
+    Adopt(&'static str),
+    Fail(&'static str),
+    Reserve(&'static str),
+}
+
+fn summarize(decision: &pod::PodDecision) -> Vec<Want> {
+    let mut out: Vec<Want> = decision
+        .entries
+        .iter()
+        .map(|a| match a {
+            EntryAction::Create {
+                claim,
+                admin_access,
+                ..
+            } => Want::Create {
+                generate_name: claim["metadata"]["generateName"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+                admin_access: *admin_access,
+            },
+            EntryAction::Adopt { claim_name, .. } => {
+                Want::Adopt(Box::leak(claim_name.clone().into_boxed_str()))
+            }
+            EntryAction::Fail { reason, .. } => {
+                Want::Fail(Box::leak(reason.clone().into_boxed_str()))
+            }
+        })
+        .collect();
+    for r in &decision.reservations {
+        out.push(Want::Reserve(Box::leak(
+            r.claim.name().to_string().into_boxed_str(),
+        )));
+    }
+    if out.is_empty() {
+        out.push(Want::Nothing);
+    }
+    out
+}
+
+#[test]
+fn pod_work_table() {
+    let all_on = FeatureGates::default();
+    let gates_off = FeatureGates {
+        admin_access: false,
+        prioritized_list: false,
+        extended_resource: true,
+    };
+    let admin_template = template(
+        json!([{"name": "req-0", "exactly": {"deviceClassName": "c", "adminAccess": true}}]),
+    );
+    let list_template = template(
+        json!([{"name": "req-0", "firstAvailable": [{"name": "a", "deviceClassName": "c"}]}]),
+    );
+    let create = || Want::Create {
+        generate_name: "test-pod-acme-resource-".into(),
+        admin_access: false,
+    };
+    let scheduled = {
+        let mut v = recorded(GENERATED);
+        merge(&mut v, json!({"spec": {"nodeName": "worker"}}));
+        pod_with(v)
+    };
+    let other_ns_claim: ClaimView = serde_json::from_value(json!({
+        "metadata": {"name": "test-pod-acme-resource", "namespace": "not-my-namespace"}}))
+    .unwrap();
+    let unowned = claim_with(GENERATED, json!({}));
+
+    // (name, pod, claims, templates, gates, expected)
+    type Row = (
+        &'static str,
+        PodView,
+        Vec<ClaimView>,
+        Vec<TemplateView>,
+        FeatureGates,
+        Vec<Want>,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "create",
+            pod_with(json!({})),
+            vec![],
+            vec![plain_template()],
+            all_on,
+            vec![create()],
+        ),
+        (
+            "create with admin and feature gate off",
+            pod_with(json!({})),
+            vec![],
+            vec![admin_template.clone()],
+            gates_off,
+            vec![Want::Fail("admin")],
+        ),
+        (
+            "create with admin and feature gate on",
+            pod_with(json!({})),
+            vec![],
+            vec![admin_template],
+            all_on,
+            vec![Want::Create {
+                generate_name: "test-pod-acme-resource-".into(),
+                admin_access: true,
+            }],
+        ),
+        (
+            "prioritized list with feature gate off",
+            pod_with(json!({})),
+            vec![],
+            vec![list_template.clone()],
+            gates_off,
+            vec![Want::Fail("firstAvailable")],
+        ),
+        (
+            "prioritized list with feature gate on",
+            pod_with(json!({})),
+            vec![],
+            vec![list_template],
+            all_on,
+            vec![create()],
+        ),
+        (
+            "nop",
+            pod_with(recorded(GENERATED)),
+            vec![generated_claim(GENERATED)],
+            vec![plain_template()],
+            all_on,
+            vec![Want::Nothing],
+        ),
+        (
+            "recreate",
+            pod_with(recorded(GENERATED)),
+            vec![],
+            vec![plain_template()],
+            all_on,
+            vec![create()],
+        ),
+        (
+            "missing-template",
+            pod_with(json!({})),
+            vec![],
+            vec![],
+            all_on,
+            vec![Want::Fail("not found")],
+        ),
+        (
+            "find-existing-claim-by-label",
+            pod_with(json!({})),
+            vec![generated_claim(GENERATED)],
+            vec![],
+            all_on,
+            vec![Want::Adopt(GENERATED)],
+        ),
+        (
+            "pod-deleted",
+            pod_with(json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})),
+            vec![],
+            vec![plain_template()],
+            all_on,
+            vec![Want::Nothing],
+        ),
+        (
+            "no-volumes",
+            serde_json::from_value(
+                json!({"metadata": {"name": POD, "namespace": NS, "uid": POD_UID}}),
+            )
+            .unwrap(),
+            vec![],
+            vec![],
+            all_on,
+            vec![Want::Nothing],
+        ),
+        (
+            "create-with-other-claim",
+            pod_with(json!({})),
+            vec![other_ns_claim],
+            vec![plain_template()],
+            all_on,
+            vec![create()],
+        ),
+        // A claim of that name exists but is not ours and the template is
+        // missing: the error names the template, no claim is taken over.
+        (
+            "wrong-claim-owner",
+            pod_with(json!({})),
+            vec![unowned.clone()],
+            vec![],
+            all_on,
+            vec![Want::Fail("not found")],
+        ),
+        // Beyond: a recorded claim that lost its owner is replaced.
+        (
+            "recorded-claim-owned-by-other",
+            pod_with(recorded(GENERATED)),
+            vec![unowned],
+            vec![plain_template()],
+            all_on,
+            vec![create()],
+        ),
+        (
+            "add-reserved",
+            scheduled.clone(),
+            vec![claim_with(GENERATED, allocated(owned_by(POD_UID)))],
+            vec![plain_template()],
+            all_on,
+            vec![Want::Reserve(GENERATED)],
+        ),
+        (
+            "stay-reserved (pre-scheduled, already reserved)",
+            scheduled,
+            vec![{
+                let mut v = allocated(owned_by(POD_UID));
+                merge(&mut v, reserved_for(&[(POD, POD_UID)]));
+                claim_with(GENERATED, v)
+            }],
+            vec![],
+            all_on,
+            vec![Want::Nothing],
+        ),
+        // Beyond: a done pod never gets a claim again, even when its claim is gone.
+        (
+            "done-pod-not-recreated",
+            pod_with({
+                let mut v = recorded(GENERATED);
+                merge(&mut v, json!({"status": {"phase": "Succeeded"}}));
+                v
+            }),
+            vec![],
+            vec![plain_template()],
+            all_on,
+            vec![Want::Nothing],
+        ),
+        (
+            "entry-with-neither-field",
+            serde_json::from_value(
+                json!({"metadata": {"name": POD, "namespace": NS, "uid": POD_UID},
+                "spec": {"resourceClaims": [{"name": ENTRY}]}}),
+            )
+            .unwrap(),
+            vec![],
+            vec![],
+            all_on,
+            vec![Want::Fail("neither")],
+        ),
+        (
+            "skipped-entry",
+            pod_with(json!({"status": {"resourceClaimStatuses": [{"name": ENTRY}]}})),
+            vec![],
+            vec![plain_template()],
+            all_on,
+            vec![Want::Nothing],
+        ),
+    ];
+    for (name, pod, claims, templates, gates, want) in rows {
+        let c = caches(std::slice::from_ref(&pod), &claims, &templates);
+        let got = summarize(&pod::decide(&pod, &c, gates));
+        let matches = got.len() == want.len()
+            && got.iter().zip(&want).all(|(g, w)| match (g, w) {
+                (Want::Fail(g), Want::Fail(w)) => g.contains(w),
+                (g, w) => g == w,
+            });
+        assert!(matches, "case {name:?}: got {got:?}, want {want:?}");
+    }
+}
+
+#[test]
+fn find_created_claim_in_cache() {
+    // The claim exists only in the "created a moment ago" overlay.
+    let pod = pod_with(json!({}));
+    let c = caches(std::slice::from_ref(&pod), &[], &[plain_template()]);
+    c.remember_created(generated_claim(GENERATED));
+    assert_eq!(
+        summarize(&pod::decide(&pod, &c, FeatureGates::default())),
+        vec![Want::Adopt(GENERATED)]
+    );
+}
+
+#[test]
+fn generated_claim_copies_template() {
+    let pod = pod_with(json!({}));
+    let (claim, admin) = pod::claim_from_template(&pod, ENTRY, &plain_template());
+    assert!(!admin);
+    assert_eq!(
+        claim,
+        json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {
+                "generateName": "test-pod-acme-resource-",
+                "namespace": NS,
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": POD, "uid": POD_UID, "controller": true}],
+                "annotations": {POD_CLAIM_NAME_ANNOTATION: ENTRY},
+                "labels": {"team": "ml"},
+            },
+            "spec": {"devices": {"requests": [{"name": "req-0", "exactly": {"deviceClassName": "my-resource-class"}}]}},
+        })
+    );
+}
+
+fn decide_claim(
+    claim: &ClaimView,
+    pods: &[PodView],
+    deleted: &[&str],
+    live: &[(&str, LivePod)],
+) -> ClaimDecision {
+    let c = caches(pods, std::slice::from_ref(claim), &[]);
+    for uid in deleted {
+        c.deleted_pods.add(uid);
+    }
+    let live: HashMap<String, LivePod> = live.iter().map(|(u, s)| (u.to_string(), *s)).collect();
+    claim::decide(claim, &c, &live)
+}
+
+fn act(
+    set: Option<(Vec<(&str, &str)>, bool)>,
+    deallocate: bool,
+    release: bool,
+    delete: bool,
+) -> ClaimDecision {
+    ClaimDecision::Act(ClaimActions {
+        set_reserved_for: set.map(|(pods, dealloc)| {
+            (
+                pods.iter().map(|(n, u)| pod_consumer(n, u)).collect(),
+                dealloc,
+            )
+        }),
+        deallocate,
+        release_finalizer: release,
+        delete,
+    })
+}
+
+#[test]
+fn claim_work_table() {
+    let running = pod_with(json!({"status": {"phase": "Running"}}));
+    let done = pod_with(json!({"status": {"phase": "Succeeded"}}));
+    let reserved_claim = |extra: Value| {
+        let mut v = owned_by(POD_UID);
+        merge(&mut v, json!({"status": {"allocation": {"devices": {}}}}));
+        merge(&mut v, reserved_for(&[(POD, POD_UID)]));
+        merge(&mut v, extra);
+        claim_with(GENERATED, v)
+    };
+    let structured = json!({"metadata": {"finalizers": [DELETE_PROTECTION_FINALIZER]}});
+    let deleting = json!({"metadata": {"finalizers": [DELETE_PROTECTION_FINALIZER], "deletionTimestamp": "2026-01-01T00:00:00Z"}});
+    let nothing = act(None, false, false, false);
+
+    type Row = (
+        &'static str,
+        ClaimView,
+        Vec<PodView>,
+        Vec<&'static str>,
+        Vec<(&'static str, LivePod)>,
+        ClaimDecision,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "stay-reserved-seen",
+            reserved_claim(json!({})),
+            vec![running.clone()],
+            vec![],
+            vec![],
+            nothing.clone(),
+        ),
+        (
+            "stay-reserved-not-seen: ask the API server first",
+            reserved_claim(json!({})),
+            vec![],
+            vec![],
+            vec![],
+            ClaimDecision::NeedLiveLookup(vec![(POD.into(), POD_UID.into())]),
+        ),
+        (
+            "stay-reserved-not-seen: the API server has it",
+            reserved_claim(json!({})),
+            vec![],
+            vec![],
+            vec![(POD_UID, LivePod::Present)],
+            nothing.clone(),
+        ),
+        (
+            "clear-reserved-structured",
+            reserved_claim(structured.clone()),
+            vec![],
+            vec![POD_UID],
+            vec![],
+            act(Some((vec![], true)), false, true, false),
+        ),
+        (
+            "clear-reserved-structured (pod never existed)",
+            reserved_claim(structured.clone()),
+            vec![],
+            vec![],
+            vec![(POD_UID, LivePod::Gone)],
+            act(Some((vec![], true)), false, true, false),
+        ),
+        (
+            "dont-clear-reserved-structured",
+            {
+                let mut v = structured.clone();
+                merge(
+                    &mut v,
+                    reserved_for(&[(POD, POD_UID), ("other", "uid-other")]),
+                );
+                reserved_claim(v)
+            },
+            vec![running.clone()],
+            vec!["uid-other"],
+            vec![],
+            act(Some((vec![(POD, POD_UID)], false)), false, false, false),
+        ),
+        (
+            "clear-reserved-structured-deleted",
+            reserved_claim(deleting.clone()),
+            vec![],
+            vec![POD_UID],
+            vec![],
+            act(Some((vec![], true)), false, true, false),
+        ),
+        (
+            "structured-deleted",
+            claim_with(GENERATED, allocated(deleting.clone())),
+            vec![],
+            vec![],
+            vec![],
+            act(None, true, true, false),
+        ),
+        (
+            "clear-reserved-when-done (no owner, no finalizer: allocation stays)",
+            {
+                let mut v = json!({"status": {"allocation": {"devices": {}}}});
+                merge(&mut v, reserved_for(&[(POD, POD_UID)]));
+                claim_with(GENERATED, v)
+            },
+            vec![done.clone()],
+            vec![],
+            vec![],
+            act(Some((vec![], false)), false, false, false),
+        ),
+        (
+            "remove-reserved",
+            {
+                let mut v = reserved_for(&[(POD, POD_UID), ("test-pod-II", "uidpod1-II")]);
+                merge(&mut v, json!({"status": {"allocation": {"devices": {}}}}));
+                claim_with(GENERATED, v)
+            },
+            vec![running.clone()],
+            vec![],
+            vec![("uidpod1-II", LivePod::Gone)],
+            act(Some((vec![(POD, POD_UID)], false)), false, false, false),
+        ),
+        (
+            "delete-claim-when-done",
+            reserved_claim(structured.clone()),
+            vec![done.clone()],
+            vec![],
+            vec![],
+            act(Some((vec![], true)), false, true, true),
+        ),
+        (
+            "pod replaced under the same name",
+            reserved_claim(structured.clone()),
+            vec![pod_with(json!({"metadata": {"uid": "uid-new"}}))],
+            vec![],
+            vec![],
+            act(Some((vec![], true)), false, true, true),
+        ),
+        (
+            "clean up pod reservation with non-pod reservation present",
+            {
+                let mut v = structured.clone();
+                merge(
+                    &mut v,
+                    json!({"status": {"reservedFor": [
+                        {"resource": "pods", "name": POD, "uid": POD_UID},
+                        {"apiGroup": "foo.com", "resource": "foo", "name": "foo", "uid": "123"}]}}),
+                );
+                reserved_claim(v)
+            },
+            vec![done.clone()],
+            vec![],
+            vec![],
+            ClaimDecision::Act(ClaimActions {
+                set_reserved_for: Some((
+                    vec![
+                        k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
+                            api_group: Some("foo.com".into()),
+                            resource: "foo".into(),
+                            name: "foo".into(),
+                            uid: "123".into(),
+                        },
+                    ],
+                    false,
+                )),
+                ..Default::default()
+            }),
+        ),
+        (
+            "extended-resource claim of a done pod is cleaned up",
+            {
+                let mut v = structured.clone();
+                merge(
+                    &mut v,
+                    json!({"metadata": {"annotations": {"resource.kubernetes.io/extended-resource-claim": "true"}}}),
+                );
+                reserved_claim(v)
+            },
+            vec![pod_with(json!({"status": {"phase": "Failed",
+                "extendedResourceClaimStatus": {"resourceClaimName": GENERATED, "requestMappings": []}}}))],
+            vec![],
+            vec![],
+            act(Some((vec![], true)), false, true, true),
+        ),
+        (
+            "unused claim of a running pod stays",
+            claim_with(GENERATED, owned_by(POD_UID)),
+            vec![running],
+            vec![],
+            vec![],
+            nothing.clone(),
+        ),
+        (
+            "owner pod unknown: left to the garbage collector",
+            claim_with(GENERATED, owned_by(POD_UID)),
+            vec![],
+            vec![],
+            vec![],
+            nothing,
+        ),
+    ];
+    for (name, claim, pods, deleted, live, want) in rows {
+        assert_eq!(
+            decide_claim(&claim, &pods, &deleted, &live),
+            want,
+            "case {name:?}"
+        );
+    }
+}
