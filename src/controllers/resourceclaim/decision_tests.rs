@@ -10,6 +10,7 @@ use super::cache::{Caches, object_key};
 use super::claim::{self, ClaimActions, ClaimDecision, LivePod};
 use super::patch::pod_consumer;
 use super::pod::{self, EntryAction};
+use super::test_support::merge;
 use super::views::{ClaimView, PodView, TemplateView};
 use crate::features::FeatureGates;
 use crate::naming::{DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION};
@@ -20,17 +21,6 @@ const POD_UID: &str = "uidpod1";
 const ENTRY: &str = "acme-resource";
 const TEMPLATE: &str = "my-template";
 const GENERATED: &str = "test-pod-acme-resource-abcde";
-
-fn merge(a: &mut Value, b: Value) {
-    match (a, b) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (a, b) => *a = b,
-    }
-}
 
 /// The pod of the reference tests: one template entry.
 fn pod_with(extra: Value) -> PodView {

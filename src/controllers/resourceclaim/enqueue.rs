@@ -120,6 +120,7 @@ pub fn keys_for_pod_event(pod: &PodView, deleted: bool, caches: &Caches) -> Vec<
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::merge;
     use super::*;
     use serde_json::{Value, json};
     use std::sync::Arc;
@@ -132,17 +133,6 @@ mod tests {
         });
         merge(&mut base, extra);
         serde_json::from_value(base).unwrap()
-    }
-
-    fn merge(a: &mut Value, b: Value) {
-        match (a, b) {
-            (Value::Object(a), Value::Object(b)) => {
-                for (k, v) in b {
-                    merge(a.entry(k).or_insert(Value::Null), v);
-                }
-            }
-            (a, b) => *a = b,
-        }
     }
 
     fn claim(

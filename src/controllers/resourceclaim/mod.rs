@@ -12,6 +12,8 @@ pub mod views;
 
 #[cfg(test)]
 mod decision_tests;
+#[cfg(test)]
+mod test_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
