@@ -1,22 +1,17 @@
-//! dra-claim-controller: flags, logging and wiring. The work itself is in
-//! the library (`controllers::resourceclaim`).
+//! dra-claim-controller: flags and logging. The process itself is
+//! `dra_claim_controller::app::run`.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use tokio::sync::watch;
-use tracing::{error, info, warn};
-use tracing_subscriber::EnvFilter;
+use tracing::error;
 
+use dra_claim_controller::app;
 use dra_claim_controller::cli::Args;
-use dra_claim_controller::client::{ClientOptions, build_client};
-use dra_claim_controller::controllers::resourceclaim::Controller;
-use dra_claim_controller::http::{Health, start_servers};
-use dra_claim_controller::leader::{LeaderElection, LeaderElectionOptions};
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging(&args);
+    app::init_logging(&args);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -27,7 +22,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(run(args)) {
+    match runtime.block_on(app::run(args)) {
         Ok(code) => code,
         Err(e) => {
             error!(error = %format!("{e:#}"), "exiting");
@@ -35,143 +30,4 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-fn init_logging(args: &Args) {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&args.log_level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if args.log_format == "json" {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.init();
-    }
-}
-
-async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let registry = prometheus::Registry::new();
-    let health = Health::new(args.leader_elect_renew_deadline);
-
-    let client_opts = ClientOptions {
-        qps: args.kube_api_qps,
-        burst: args.kube_api_burst,
-        kubeconfig: args.kubeconfig.clone(),
-    };
-    let client = build_client(&client_opts, &registry).await?;
-
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(forward_signals(stop_tx));
-    let servers = start_servers(
-        &args.metrics_bind_address,
-        &args.health_probe_bind_address,
-        registry.clone(),
-        health.clone(),
-        stopped(stop_rx.clone()),
-    )
-    .await?;
-
-    let election = LeaderElection::resolve(&LeaderElectionOptions {
-        enabled: args.leader_elect,
-        lease_name: args.leader_elect_resource_name.clone(),
-        lease_namespace: args.leader_elect_resource_namespace.clone(),
-        identity: None,
-        lease_duration: args.leader_elect_lease_duration,
-        renew_deadline: args.leader_elect_renew_deadline,
-        retry_period: args.leader_elect_retry_period,
-    })?;
-    let identity = election.identity().to_string();
-    info!(
-        identity = %identity,
-        qps = args.kube_api_qps,
-        burst = args.kube_api_burst,
-        workers = args.concurrent_syncs,
-        feature_gates = %args.feature_gates,
-        "starting dra-claim-controller"
-    );
-
-    let controller = Controller::new(client.clone(), args.feature_gates, &registry, &identity)?;
-    tokio::spawn(controller.clone().run_watches());
-    {
-        // Ready once the caches are loaded; a standby is ready too.
-        let controller = controller.clone();
-        let health = health.clone();
-        tokio::spawn(async move {
-            controller.wait_synced().await;
-            health.set_ready(true);
-            info!("caches synced");
-        });
-    }
-
-    let leader = election.spawn(client, &registry, health.clone())?;
-    let lost = leader.lost();
-
-    // Stand by until leading (caches warm), or until told to stop.
-    tokio::select! {
-        _ = async { leader.wait_until_leader().await; controller.wait_synced().await } => {}
-        _ = stopped(stop_rx.clone()) => {
-            info!("stopping before ever leading");
-            leader.release().await;
-            servers.wait().await?;
-            return Ok(ExitCode::SUCCESS);
-        }
-    }
-    controller.start_leading();
-    let workers = tokio::spawn(
-        controller
-            .clone()
-            .run_workers(args.concurrent_syncs as usize),
-    );
-
-    tokio::select! {
-        reason = lost => {
-            // Never two leaders writing: stop at once and let the Deployment restart us.
-            error!(reason = %reason, "lost leadership; exiting");
-            controller.queue().shut_down();
-            return Ok(ExitCode::from(1));
-        }
-        _ = stopped(stop_rx.clone()) => {}
-    }
-
-    info!(
-        timeout_s = args.shutdown_timeout.as_secs_f64(),
-        "shutting down: finishing in-flight syncs"
-    );
-    if tokio::time::timeout(args.shutdown_timeout, controller.shut_down())
-        .await
-        .is_err()
-    {
-        warn!(
-            "in-flight syncs did not finish within --shutdown-timeout; releasing the lease anyway"
-        );
-    }
-    workers.abort();
-    leader.release().await;
-    info!("lease released");
-    servers.wait().await?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Resolves once the stop flag is set.
-async fn stopped(mut rx: watch::Receiver<bool>) {
-    let _ = rx.wait_for(|stop| *stop).await;
-}
-
-/// SIGTERM (kubelet) and SIGINT (a terminal) both start a clean shutdown.
-async fn forward_signals(stop: watch::Sender<bool>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        error!("cannot install signal handlers; SIGTERM will not shut down cleanly");
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => info!(signal = "SIGTERM", "shutdown requested"),
-        _ = int.recv() => info!(signal = "SIGINT", "shutdown requested"),
-    }
-    let _ = stop.send(true);
 }
