@@ -346,15 +346,9 @@ fn expected_cluster_rules() -> BTreeMap<(String, String), BTreeSet<String>> {
         (
             "resource.k8s.io",
             "resourceclaims",
-            &[
-                "get", "list", "watch", "create", "delete", "update", "patch",
-            ],
+            &["get", "list", "watch", "create", "delete", "patch"],
         ),
-        (
-            "resource.k8s.io",
-            "resourceclaims/status",
-            &["update", "patch"],
-        ),
+        ("resource.k8s.io", "resourceclaims/status", &["patch"]),
         (
             "resource.k8s.io",
             "resourceclaims/binding",
@@ -366,7 +360,6 @@ fn expected_cluster_rules() -> BTreeMap<(String, String), BTreeSet<String>> {
             &["get", "list", "watch"],
         ),
         ("", "events", &["create", "patch"]),
-        ("events.k8s.io", "events", &["create", "patch"]),
     ]
     .into_iter()
     .map(|(g, r, verbs)| {
