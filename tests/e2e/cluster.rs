@@ -395,7 +395,10 @@ impl Controller {
         ];
         let log = cluster.dir.join(format!("controller-{label}.log"));
         let binary = PathBuf::from(env!("CARGO_BIN_EXE_dra-claim-controller"));
-        let proc = Proc::spawn(&format!("controller-{label}"), &binary, &args, &log)?;
+        // Plain text in the log file: no terminal colour codes.
+        let env = [("NO_COLOR", "1")];
+        let proc =
+            Proc::spawn_with_env(&format!("controller-{label}"), &binary, &args, &env, &log)?;
         let controller = Self {
             proc,
             metrics,

@@ -66,6 +66,17 @@ pub struct Proc {
 impl Proc {
     /// Starts `program args…` with its output appended to `log`.
     pub fn spawn(name: &str, program: &Path, args: &[String], log: &Path) -> anyhow::Result<Self> {
+        Self::spawn_with_env(name, program, args, &[], log)
+    }
+
+    /// [`Proc::spawn`] with extra environment variables.
+    pub fn spawn_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> anyhow::Result<Self> {
         let out = File::options()
             .create(true)
             .append(true)
@@ -74,6 +85,7 @@ impl Proc {
         let err = out.try_clone()?;
         let mut cmd = Command::new(program);
         cmd.args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err));
