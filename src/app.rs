@@ -22,7 +22,9 @@ pub fn init_logging(args: &Args) {
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour only for a terminal; log files and collectors get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if args.log_format == "json" {
         builder.json().flatten_event(true).init();
     } else {

@@ -305,6 +305,11 @@ pub struct ClientService<S> {
     layer: ClientLayer,
 }
 
+/// Requests of the leader election (coordination.k8s.io Leases).
+pub fn is_lease_request(uri: &http::Uri) -> bool {
+    uri.path().starts_with("/apis/coordination.k8s.io/")
+}
+
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 impl<S, B, RB> Service<Request<B>> for ClientService<S>
@@ -337,9 +342,19 @@ where
                 .unwrap_or_else(|| layer.host.to_string());
             let labels = [method.as_str(), host.as_str()];
 
+            let exempt = is_lease_request(req.uri());
             if let Some(limiter) = &layer.limiter {
                 let waiting = Instant::now();
-                limiter.until_ready().await;
+                if exempt {
+                    // Lease renewals count against the budget but never
+                    // queue behind a backlog of claim work: a renewal that
+                    // waits past the renew deadline would make the leader
+                    // step down (kube-controller-manager gives its election
+                    // a client of its own for the same reason).
+                    let _ = limiter.check();
+                } else {
+                    limiter.until_ready().await;
+                }
                 layer
                     .metrics
                     .rate_limiter_duration
@@ -481,6 +496,34 @@ mod tests {
         futures::future::try_join_all(calls).await.unwrap();
         // Four refills of 50ms regardless of how many callers wait at once.
         assert!(start.elapsed() >= Duration::from_millis(150));
+    }
+
+    #[tokio::test]
+    async fn lease_requests_never_queue_behind_the_backlog() {
+        // One token every 10 s: any request that waited would take ~10 s.
+        let metrics = ClientMetrics::new();
+        let layer = ClientLayer::new(0.1, 1, metrics.clone(), "api").unwrap();
+        let svc = layer.layer(ok_service());
+        svc.clone().oneshot(Request::new(())).await.unwrap();
+        let lease = Request::put("/apis/coordination.k8s.io/v1/namespaces/ns/leases/l")
+            .body(())
+            .unwrap();
+        let renewal =
+            tokio::time::timeout(Duration::from_secs(5), svc.clone().oneshot(lease)).await;
+        assert!(renewal.is_ok(), "a lease renewal waited for a token");
+        let pods = Request::get("/api/v1/pods").body(()).unwrap();
+        let queued =
+            tokio::time::timeout(Duration::from_millis(500), svc.clone().oneshot(pods)).await;
+        assert!(
+            queued.is_err(),
+            "other requests must still wait for a token"
+        );
+        assert!(is_lease_request(
+            &"/apis/coordination.k8s.io/v1/leases".parse().unwrap()
+        ));
+        assert!(!is_lease_request(
+            &"/apis/resource.k8s.io/v1/resourceclaims".parse().unwrap()
+        ));
     }
 
     #[tokio::test]

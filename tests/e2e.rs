@@ -5,6 +5,13 @@
 //! Without the binaries (see `cluster::binaries`) every test prints one
 //! `SKIP:` line and passes. Run with `--nocapture` to see the `E2E RAN:`
 //! lines CI counts.
+//!
+//! Environment:
+//! - `KUBEBUILDER_ASSETS`: directory with `etcd` and `kube-apiserver`
+//!   (default `/usr/local/kubebuilder/bin`).
+//! - `DRA_E2E_KEEP=1`: keep each server's directory (logs, etcd data).
+//! - `DRA_E2E_RBAC=builtin`: use the built-in RBAC rules instead of the chart's.
+//! - `DRA_E2E_APISERVER_FEATURE_GATES`: the API server's `--feature-gates`.
 
 #[path = "support/helm.rs"]
 mod helm;
@@ -23,6 +30,8 @@ mod procs;
 mod rawhttp;
 #[path = "e2e/rbac.rs"]
 mod rbac;
+#[path = "e2e/replica.rs"]
+mod replica;
 
 #[path = "e2e/scenarios_claims.rs"]
 mod scenarios_claims;

@@ -319,6 +319,25 @@ async fn start_apiserver(
     Err(last_err)
 }
 
+/// The controller binary: the one cargo built for this test, or, for the
+/// examples and benches that share this harness, the one beside them.
+pub fn controller_binary() -> anyhow::Result<PathBuf> {
+    if let Some(path) = option_env!("CARGO_BIN_EXE_dra-claim-controller") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe()?;
+    let profile_dir = exe
+        .ancestors()
+        .find(|d| d.join("dra-claim-controller").is_file())
+        .ok_or_else(|| {
+            anyhow!(
+                "dra-claim-controller binary not found near {}: build it first",
+                exe.display()
+            )
+        })?;
+    Ok(profile_dir.join("dra-claim-controller"))
+}
+
 /// Flags of one controller process.
 #[derive(Debug, Clone)]
 pub struct ControllerOpts {
@@ -336,9 +355,31 @@ impl Default for ControllerOpts {
             leader_elect: true,
             // Above the production default so that the batch scenarios do
             // not spend most of their time in the client rate limiter.
-            qps: 100,
-            burst: 200,
+            qps: 500,
+            burst: 1000,
             concurrent_syncs: 50,
+        }
+    }
+}
+
+/// Everything needed to (re)start one controller process.
+#[derive(Debug, Clone)]
+pub struct ControllerSpec {
+    pub kubeconfig: PathBuf,
+    /// Where the log file goes.
+    pub dir: PathBuf,
+    pub opts: ControllerOpts,
+    /// Names the log file `controller-<label>.log`.
+    pub label: String,
+}
+
+impl ControllerSpec {
+    pub fn new(cluster: &Cluster, opts: &ControllerOpts, label: &str) -> Self {
+        Self {
+            kubeconfig: cluster.controller_kubeconfig.clone(),
+            dir: cluster.dir.clone(),
+            opts: opts.clone(),
+            label: label.to_string(),
         }
     }
 }
@@ -353,16 +394,13 @@ pub struct Controller {
 
 impl Controller {
     /// Starts the binary and waits until /healthz answers 200.
-    pub async fn start(
-        cluster: &Cluster,
-        opts: &ControllerOpts,
-        label: &str,
-    ) -> anyhow::Result<Self> {
+    pub async fn start(spec: &ControllerSpec) -> anyhow::Result<Self> {
+        let (opts, label) = (&spec.opts, spec.label.as_str());
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse()?;
         let health: SocketAddr = format!("127.0.0.1:{}", free_port()).parse()?;
         let args: Vec<String> = vec![
             "--kubeconfig".into(),
-            cluster.controller_kubeconfig.display().to_string(),
+            spec.kubeconfig.display().to_string(),
             "--leader-elect-resource-namespace".into(),
             rbac::SYSTEM_NAMESPACE.into(),
             "--leader-elect-resource-name".into(),
@@ -393,8 +431,8 @@ impl Controller {
             "--log-level".into(),
             "info".into(),
         ];
-        let log = cluster.dir.join(format!("controller-{label}.log"));
-        let binary = PathBuf::from(env!("CARGO_BIN_EXE_dra-claim-controller"));
+        let log = spec.dir.join(format!("controller-{label}.log"));
+        let binary = controller_binary()?;
         // Plain text in the log file: no terminal colour codes.
         let env = [("NO_COLOR", "1")];
         let proc =

@@ -2,25 +2,27 @@
 //! environment it runs in.
 //!
 //! Most scenarios share one API server and one controller per test binary
-//! (started on first use, killed when the binary exits) and isolate
-//! themselves by namespace. Scenarios that need a process-wide setting
+//! (started on first use, restarted like a Deployment's pod if it exits on
+//! its own, killed when the binary exits) and isolate themselves by
+//! namespace. Scenarios that need a process-wide setting
 //! (feature gates) or kill the controller get an isolated server of their own.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-use crate::cluster::{self, Cluster, Controller, ControllerOpts, SKIP_REASON};
+use crate::cluster::{self, Cluster, Controller, ControllerOpts, ControllerSpec, SKIP_REASON};
 use crate::procs;
+use crate::replica::Replica;
 
 /// The server and controller shared by the tests of this binary.
 #[derive(Debug)]
 pub struct Shared {
     pub cluster: Cluster,
-    pub controller: Controller,
+    pub controller: Arc<Replica>,
 }
 
 fn shared_env(bins: &cluster::Binaries) -> Result<&'static Shared, String> {
@@ -38,15 +40,18 @@ fn shared_env(bins: &cluster::Binaries) -> Result<&'static Shared, String> {
                 rt.block_on(async {
                     let mut cluster = Cluster::start(&bins).await.map_err(|e| format!("{e:#}"))?;
                     cluster.keep_dir();
-                    procs::cleanup_on_exit(
-                        &[cluster.apiserver.pid(), cluster.etcd.pid()],
-                        std::slice::from_ref(&cluster.dir),
-                    );
-                    let controller =
-                        Controller::start(&cluster, &ControllerOpts::default(), "shared")
-                            .await
-                            .map_err(|e| format!("{e:#}"))?;
-                    procs::cleanup_on_exit(&[controller.proc.pid()], &[]);
+                    // Never reaped before exit, so their pids stay ours. The
+                    // controller (restarted by its supervisor, so its pid
+                    // changes) is left to PR_SET_PDEATHSIG.
+                    let keep = std::env::var(cluster::KEEP_ENV).is_ok_and(|v| v == "1");
+                    let dirs = if keep {
+                        vec![]
+                    } else {
+                        vec![cluster.dir.clone()]
+                    };
+                    procs::cleanup_on_exit(&[cluster.apiserver.pid(), cluster.etcd.pid()], &dirs);
+                    let spec = ControllerSpec::new(&cluster, &ControllerOpts::default(), "shared");
+                    let controller = Replica::start(spec).await.map_err(|e| format!("{e:#}"))?;
                     Ok(Shared {
                         cluster,
                         controller,
@@ -64,10 +69,20 @@ fn shared_env(bins: &cluster::Binaries) -> Result<&'static Shared, String> {
 /// controllers stop before the API server.
 #[derive(Debug)]
 pub struct Isolated {
-    pub controllers: Vec<Controller>,
+    pub controllers: Vec<Arc<Replica>>,
     pub cluster: Cluster,
     pub opts: ControllerOpts,
     started: usize,
+}
+
+impl Drop for Isolated {
+    fn drop(&mut self) {
+        // Stop for good first, so no supervisor restarts a replica while
+        // the API server goes away.
+        for r in &self.controllers {
+            r.kill();
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -84,6 +99,8 @@ pub struct TestCtx {
     env: Env,
     finished: bool,
     started: Instant,
+    /// Supervisor restarts of the shared controller when the test began.
+    restarts_at_start: usize,
 }
 
 fn skip(name: &str) {
@@ -159,37 +176,68 @@ impl TestCtx {
             )
             .await
             .unwrap_or_else(|e| panic!("{name}: create namespace {ns}: {e}"));
-        Self {
+        let mut ctx = Self {
             name,
             client,
             ns,
             env,
             finished: false,
             started: Instant::now(),
-        }
+            restarts_at_start: 0,
+        };
+        ctx.restarts_at_start = ctx.restarts();
+        ctx
     }
 
     /// Marks the test as run against a real server (CI counts these lines).
     pub fn finish(mut self) {
         self.finished = true;
+        let restarts = self.restarts() - self.restarts_at_start;
+        let note = if restarts > 0 {
+            format!(" (controller restarted {restarts} time(s) by its supervisor meanwhile)")
+        } else {
+            String::new()
+        };
         eprintln!(
-            "e2e: {} took {:.1}s",
+            "e2e: {} took {:.1}s{note}",
             self.name,
             self.started.elapsed().as_secs_f64()
         );
         println!("E2E RAN: {}", self.name);
     }
 
-    /// The shared controller, or the first live one of an isolated server.
-    pub fn controller(&self) -> &Controller {
+    fn replicas(&self) -> Vec<&Arc<Replica>> {
         match &self.env {
-            Env::Shared(s) => &s.controller,
-            Env::Isolated(iso) => iso
-                .controllers
-                .iter()
-                .find(|c| c.proc.exited().is_none())
-                .or(iso.controllers.first())
-                .expect("no controller started"),
+            Env::Shared(s) => vec![&s.controller],
+            Env::Isolated(iso) => iso.controllers.iter().collect(),
+        }
+    }
+
+    /// Supervisor restarts (unplanned exits) of this environment's controllers.
+    pub fn restarts(&self) -> usize {
+        self.replicas().iter().map(|r| r.restarts()).sum()
+    }
+
+    /// The process of the shared controller, or of the first replica of an
+    /// isolated server that the test has not stopped.
+    pub fn controller(&self) -> Arc<Controller> {
+        let replicas = self.replicas();
+        replicas
+            .iter()
+            .find(|r| !r.is_stopped())
+            .or(replicas.first())
+            .expect("no controller started")
+            .current()
+    }
+
+    /// Replica `i` of an isolated server (in start order).
+    pub fn replica(&self, i: usize) -> Arc<Replica> {
+        match &self.env {
+            Env::Isolated(iso) => iso.controllers[i].clone(),
+            Env::Shared(_) => panic!(
+                "{}: stopping the shared controller would break other tests",
+                self.name
+            ),
         }
     }
 
@@ -206,7 +254,8 @@ impl TestCtx {
         eprintln!("---- e2e {} failed (namespace {}) ----", self.name, self.ns);
         match &self.env {
             Env::Shared(s) => {
-                let log = &s.controller.proc.log;
+                let c = s.controller.current();
+                let log = &c.proc.log;
                 eprintln!(
                     "-- shared controller log ({}), lines naming {}:\n{}",
                     log.display(),
@@ -215,22 +264,25 @@ impl TestCtx {
                 );
                 eprintln!(
                     "-- shared controller log, last lines:\n{}",
-                    s.controller.proc.log_tail(40)
+                    c.proc.log_tail(40)
                 );
-                if let Some(status) = s.controller.proc.exited() {
-                    eprintln!("-- shared controller has exited: {status}");
-                }
+                eprintln!(
+                    "-- shared controller restarts by its supervisor: {}",
+                    s.controller.restarts()
+                );
             }
             Env::Isolated(iso) => {
-                for c in &iso.controllers {
+                for r in &iso.controllers {
+                    let c = r.current();
                     eprintln!(
-                        "-- {} log ({}){}:\n{}",
+                        "-- {} log ({}){}, {} supervisor restart(s):\n{}",
                         c.proc.name,
                         c.proc.log.display(),
                         c.proc
                             .exited()
                             .map(|s| format!(", exited {s}"))
                             .unwrap_or_default(),
+                        r.restarts(),
                         c.proc.log_tail(80)
                     );
                 }
@@ -253,11 +305,11 @@ impl Drop for TestCtx {
 
 impl Isolated {
     /// Starts one more controller process with this environment's options.
-    pub async fn start_controller(&mut self) -> anyhow::Result<&Controller> {
+    pub async fn start_controller(&mut self) -> anyhow::Result<Arc<Replica>> {
         self.started += 1;
-        let label = format!("{}", self.started);
-        let c = Controller::start(&self.cluster, &self.opts, &label).await?;
-        self.controllers.push(c);
-        Ok(self.controllers.last().expect("just pushed"))
+        let spec = ControllerSpec::new(&self.cluster, &self.opts, &self.started.to_string());
+        let r = Replica::start(spec).await?;
+        self.controllers.push(r.clone());
+        Ok(r)
     }
 }

@@ -406,6 +406,42 @@ impl TestCtx {
         .await;
     }
 
+    /// Waits for claim `claim` to be deleted and returns its last state, as
+    /// carried by the watch's DELETED event. `from_rv`: a resourceVersion
+    /// read before the action, so no event is missed. The last state tells
+    /// whether the claim was deallocated and released before it went,
+    /// which polling cannot see.
+    pub async fn wait_claim_deleted(&self, claim: &str, from_rv: &str) -> ResourceClaim {
+        use futures::TryStreamExt;
+        use kube::api::{WatchEvent, WatchParams};
+        let watch = async {
+            let wp = WatchParams::default()
+                .fields(&format!("metadata.name={claim}"))
+                .timeout(TIMEOUT.as_secs() as u32);
+            let mut events = Box::pin(self.claims().watch(&wp, from_rv).await?);
+            while let Some(event) = events.try_next().await? {
+                match event {
+                    WatchEvent::Deleted(c) => return Ok(c),
+                    WatchEvent::Error(e) => bail!("watch error: {e:?}"),
+                    _ => {}
+                }
+            }
+            bail!("watch ended without a deletion")
+        };
+        match tokio::time::timeout(TIMEOUT + Duration::from_secs(5), watch).await {
+            Ok(Ok(last)) => last,
+            Ok(Err(e)) => {
+                self.wait_claim_gone(claim).await;
+                panic!("claim {claim} is gone, but its deletion was not observed: {e:#}")
+            }
+            Err(_) => {
+                // Gives the usual "still there: …" message.
+                self.wait_claim_gone(claim).await;
+                panic!("claim {claim} went away without a DELETED event")
+            }
+        }
+    }
+
     /// Warning events with `reason` about the pod `name`.
     pub async fn warning_events(&self, pod: &str, reason: &str) -> anyhow::Result<Vec<Event>> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);

@@ -83,12 +83,17 @@ async fn done_pods_release_their_claims() {
             .name
             .clone()
             .unwrap();
-        t.allocate(&claim, json!([pod_ref(&pod)])).await;
+        let rv = t
+            .allocate(&claim, json!([pod_ref(&pod)]))
+            .await
+            .metadata
+            .resource_version;
         t.set_pod_phase(pod_name, phase).await;
-        claims.push(claim);
+        claims.push((claim, rv.unwrap_or_default()));
     }
-    for claim in &claims {
-        t.wait_claim_gone(claim).await;
+    for (claim, rv) in &claims {
+        let last = t.wait_claim_deleted(claim, rv).await;
+        assert_released(&last);
     }
     holds_for(
         "no claim for a finished pod",
@@ -160,7 +165,11 @@ async fn replaced_pod_gets_a_new_claim() {
         .name
         .clone()
         .unwrap();
-    t.allocate(&old_claim, json!([pod_ref(&old)])).await;
+    let rv = t
+        .allocate(&old_claim, json!([pod_ref(&old)]))
+        .await
+        .metadata
+        .resource_version;
 
     t.delete_pod_now("phoenix").await;
     let new = t
@@ -171,7 +180,10 @@ async fn replaced_pod_gets_a_new_claim() {
     let new_claim = t.wait_recorded("phoenix", &["gpu"]).await["gpu"].clone();
     assert_ne!(new_claim.metadata.name.as_deref(), Some(old_claim.as_str()));
     assert!(controlled_by(&new_claim, &uid(&new)));
-    t.wait_claim_gone(&old_claim).await;
+    let last = t
+        .wait_claim_deleted(&old_claim, &rv.unwrap_or_default())
+        .await;
+    assert_released(&last);
     t.finish();
 }
 
@@ -279,12 +291,19 @@ async fn deleted_unused_allocated_claim_goes_away() {
         return;
     };
     t.create_claim(json!({"name": "doomed"})).await;
-    t.allocate("doomed", json!([])).await;
+    let rv = t
+        .allocate("doomed", json!([]))
+        .await
+        .metadata
+        .resource_version;
     t.claims()
         .delete("doomed", &Default::default())
         .await
         .expect("delete claim");
-    t.wait_claim_gone("doomed").await;
+    let last = t
+        .wait_claim_deleted("doomed", &rv.unwrap_or_default())
+        .await;
+    assert_released(&last);
     t.finish();
 }
 
@@ -327,7 +346,11 @@ async fn extended_resource_claim_cleaned_up() {
         }],
     }))
     .await;
-    t.allocate("ext-claim", json!([pod_ref(&pod)])).await;
+    let rv = t
+        .allocate("ext-claim", json!([pod_ref(&pod)]))
+        .await
+        .metadata
+        .resource_version;
     t.pods()
         .patch_status(
             "ext",
@@ -366,10 +389,27 @@ async fn extended_resource_claim_cleaned_up() {
     )
     .await;
     t.set_pod_phase("ext", "Succeeded").await;
-    t.wait_claim_gone("ext-claim").await;
+    let last = t
+        .wait_claim_deleted("ext-claim", &rv.unwrap_or_default())
+        .await;
+    assert_released(&last);
     assert!(
         t.pods().get_opt("ext").await.unwrap().is_some(),
         "the controller must not delete the pod"
     );
     t.finish();
+}
+
+/// The last stored state of a deleted claim: nothing reserved and
+/// deallocated, so deallocation happened before the finalizer came off.
+/// (The finalizer itself may still show: when removing it is what lets a
+/// deletion complete, the API server deletes the stored object as it was.)
+fn assert_released(last: &k8s_openapi::api::resource::v1::ResourceClaim) {
+    let name = last.metadata.name.as_deref().unwrap_or("?");
+    assert!(
+        reserved_names(last).is_empty(),
+        "{name} deleted while reserved: {:?}",
+        reserved_names(last)
+    );
+    assert!(!is_allocated(last), "{name} deleted while still allocated");
 }

@@ -133,7 +133,7 @@ async fn batch_survives_controller_sigkill() {
             },
         )
         .await;
-        t.controller().proc.kill();
+        t.replica(0).kill();
         claims
     };
     let (_, claims_at_kill) = tokio::join!(create_batch(&t, BATCH_PODS), killer);
@@ -187,9 +187,13 @@ async fn leader_failover() {
     })
     .await;
 
-    let first = &t.isolated_env().controllers[0].proc;
+    let first = t.replica(0);
     first.terminate();
-    let status = first.wait_exit(Duration::from_secs(30)).await;
+    let status = first
+        .current()
+        .proc
+        .wait_exit(Duration::from_secs(30))
+        .await;
     assert!(
         status.is_some_and(|s| s.success()),
         "SIGTERM must lead to a clean exit within the shutdown timeout, got {status:?}"
@@ -205,7 +209,7 @@ async fn leader_failover() {
         async || lease_holder(&t).await?.context("no holder"),
     )
     .await;
-    t.isolated_env().controllers[1].proc.kill();
+    t.replica(1).kill();
     t.isolated_env()
         .start_controller()
         .await
@@ -220,9 +224,13 @@ async fn leader_failover() {
     })
     .await;
 
-    let third = &t.isolated_env().controllers[2].proc;
+    let third = t.replica(2);
     third.terminate();
-    let status = third.wait_exit(Duration::from_secs(30)).await;
+    let status = third
+        .current()
+        .proc
+        .wait_exit(Duration::from_secs(30))
+        .await;
     assert!(
         status.is_some_and(|s| s.success()),
         "clean exit, got {status:?}"
@@ -238,7 +246,9 @@ async fn leader_failover() {
 /// /metrics carries the client-go workqueue metrics and the creation counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_exposed() {
-    let Some(t) = TestCtx::shared("metrics_are_exposed").await else {
+    // Isolated: a restart of the shared controller would reset its counters.
+    let Some(t) = TestCtx::isolated("metrics_are_exposed", ControllerOpts::default(), 1).await
+    else {
         return;
     };
     t.create_template("tmpl").await;

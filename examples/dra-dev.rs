@@ -1,0 +1,90 @@
+//! Development runner: the controller against the cluster of the current
+//! kubeconfig, or, when none is configured, against a throwaway local API
+//! server started from the end-to-end test binaries (etcd and
+//! kube-apiserver in `$KUBEBUILDER_ASSETS` or `/usr/local/kubebuilder/bin`).
+//!
+//! `cargo run --release --example dra-dev -- [controller flags]`
+//!
+//! Leader election is off unless a flag says otherwise: one developer, one
+//! replica. Ctrl-C stops the controller and the local API server.
+
+#[path = "../tests/e2e/cluster.rs"]
+#[allow(dead_code)]
+mod cluster;
+#[path = "../tests/support/helm.rs"]
+mod helm;
+#[path = "../tests/e2e/pki.rs"]
+#[allow(dead_code)]
+mod pki;
+#[path = "../tests/e2e/procs.rs"]
+#[allow(dead_code)]
+mod procs;
+#[path = "../tests/e2e/rawhttp.rs"]
+#[allow(dead_code)]
+mod rawhttp;
+#[path = "../tests/e2e/rbac.rs"]
+#[allow(dead_code)]
+mod rbac;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use dra_claim_controller::app;
+use dra_claim_controller::cli::Args;
+
+fn main() -> ExitCode {
+    let mut argv: Vec<String> = std::env::args().collect();
+    if !argv.iter().any(|a| a.starts_with("--leader-elect")) {
+        argv.push("--leader-elect=false".into());
+    }
+    let mut args = Args::parse_from(&argv);
+    app::init_logging(&args);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dra-dev: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(async move {
+        // Kept alive while the controller runs; dropping it stops the processes.
+        let mut _local = None;
+        if args.kubeconfig.is_none() && kube::Config::infer().await.is_err() {
+            let Some(bins) = cluster::binaries() else {
+                eprintln!(
+                    "dra-dev: no cluster configured (set KUBECONFIG or pass --kubeconfig), and no \
+                     etcd/kube-apiserver to start a local one: put them in /usr/local/kubebuilder/bin \
+                     or set KUBEBUILDER_ASSETS to their directory."
+                );
+                return ExitCode::from(2);
+            };
+            match cluster::Cluster::start(&bins).await {
+                Ok(c) => {
+                    eprintln!(
+                        "dra-dev: local API server running; kubectl access: KUBECONFIG={}",
+                        c.admin_kubeconfig.display()
+                    );
+                    args.kubeconfig = Some(c.controller_kubeconfig.clone());
+                    args.leader_elect_resource_namespace
+                        .get_or_insert_with(|| rbac::SYSTEM_NAMESPACE.to_string());
+                    _local = Some(c);
+                }
+                Err(e) => {
+                    eprintln!("dra-dev: starting the local API server failed: {e:#}");
+                    return ExitCode::from(1);
+                }
+            }
+        }
+        match app::run(args).await {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("dra-dev: {e:#}");
+                ExitCode::from(1)
+            }
+        }
+    })
+}
