@@ -40,17 +40,7 @@ fn main() -> ExitCode {
     }
     let mut args = Args::parse_from(&argv);
     app::init_logging(&args);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("dra-dev: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    runtime.block_on(async move {
+    app::block_on_exit("dra-dev", async move {
         // Kept alive while the controller runs; dropping it stops the processes.
         let mut _local = None;
         if args.kubeconfig.is_none() && kube::Config::infer().await.is_err() {
@@ -60,7 +50,7 @@ fn main() -> ExitCode {
                      etcd/kube-apiserver to start a local one: put them in /usr/local/kubebuilder/bin \
                      or set KUBEBUILDER_ASSETS to their directory."
                 );
-                return ExitCode::from(2);
+                return Ok(ExitCode::from(2));
             };
             match cluster::Cluster::start(&bins).await {
                 Ok(c) => {
@@ -73,18 +63,9 @@ fn main() -> ExitCode {
                         .get_or_insert_with(|| rbac::SYSTEM_NAMESPACE.to_string());
                     _local = Some(c);
                 }
-                Err(e) => {
-                    eprintln!("dra-dev: starting the local API server failed: {e:#}");
-                    return ExitCode::from(1);
-                }
+                Err(e) => return Err(e.context("starting the local API server")),
             }
         }
-        match app::run(args).await {
-            Ok(code) => code,
-            Err(e) => {
-                eprintln!("dra-dev: {e:#}");
-                ExitCode::from(1)
-            }
-        }
+        app::run(args).await
     })
 }

@@ -32,6 +32,32 @@ pub fn init_logging(args: &Args) {
     }
 }
 
+/// Runs `work` on a multi-threaded runtime and turns its outcome into the
+/// process exit code, reporting errors the same way for every entry point.
+pub fn block_on_exit(
+    program: &str,
+    work: impl std::future::Future<Output = anyhow::Result<ExitCode>>,
+) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{program}: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(work) {
+        Ok(code) => code,
+        Err(e) => {
+            error!(error = %format!("{e:#}"), "exiting");
+            eprintln!("{program}: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 /// Runs until SIGTERM/SIGINT (exit 0 after a clean hand-over) or until
 /// leadership is lost (exit 1, so the Deployment restarts the pod).
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {

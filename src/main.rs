@@ -4,7 +4,6 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tracing::error;
 
 use dra_claim_controller::app;
 use dra_claim_controller::cli::Args;
@@ -12,22 +11,5 @@ use dra_claim_controller::cli::Args;
 fn main() -> ExitCode {
     let args = Args::parse();
     app::init_logging(&args);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("dra-claim-controller: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match runtime.block_on(app::run(args)) {
-        Ok(code) => code,
-        Err(e) => {
-            error!(error = %format!("{e:#}"), "exiting");
-            eprintln!("dra-claim-controller: {e:#}");
-            ExitCode::from(1)
-        }
-    }
+    app::block_on_exit("dra-claim-controller", app::run(args))
 }
