@@ -86,8 +86,13 @@ pub fn pod_needs_work(pod: &PodView, caches: &Caches) -> Result<&'static str, &'
                 "recorded ResourceClaim is not controlled by the pod: must create a replacement",
             );
         }
-        if pod.node_name().is_some() && claim.is_allocated() && !claim.is_reserved_for(pod.uid()) {
-            return Ok("must reserve allocated claim for pre-scheduled pod");
+        if pod.node_name().is_some() && !claim.is_reserved_for(pod.uid()) {
+            if claim.is_allocated() {
+                return Ok("must reserve allocated claim for pre-scheduled pod");
+            }
+            // Bound without the scheduler, so nothing will allocate it: the
+            // user has to hear about it (repeats only bump the event count).
+            return Ok("pre-scheduled pod uses a claim nobody will allocate");
         }
     }
     Err("nothing to do")
@@ -229,10 +234,11 @@ mod tests {
                 false,
             ),
             (
-                "not-allocated-yet",
+                // Pre-scheduled: nothing will allocate it, the user is told.
+                "pre-scheduled-unallocated",
                 scheduled_recorded,
                 Some(claim("c1", "u1", false, &[])),
-                false,
+                true,
             ),
             (
                 "shared-missing",

@@ -240,6 +240,7 @@ pub async fn execute(ctx: &Context, pod: &PodView, decision: PodDecision) -> any
     let mut record = decision.recorded.clone();
     let mut changed = false;
     let mut failures = Vec::new();
+    let mut created = Vec::new();
     for action in decision.entries {
         match action {
             EntryAction::Adopt { entry, claim_name } => {
@@ -252,11 +253,12 @@ pub async fn execute(ctx: &Context, pod: &PodView, decision: PodDecision) -> any
                 claim,
                 admin_access,
             } => match create_claim(ctx, ns, &claim).await {
-                Ok(created) => {
+                Ok(claim) => {
                     ctx.metrics.record_create(true, admin_access);
-                    info!(pod = %format!("{ns}/{name}"), entry = %entry, claim = %created.name(), "created claim");
-                    record.insert(entry, created.name().to_string());
-                    ctx.caches.remember_created(created);
+                    info!(pod = %format!("{ns}/{name}"), entry = %entry, claim = %claim.name(), "created claim");
+                    record.insert(entry, claim.name().to_string());
+                    created.push(claim.name().to_string());
+                    ctx.caches.remember_created(claim);
                     changed = true;
                 }
                 Err(err) => {
@@ -286,7 +288,13 @@ pub async fn execute(ctx: &Context, pod: &PodView, decision: PodDecision) -> any
         let (entry, reason) = &failures[0];
         anyhow::bail!("pod {ns}/{name}, PodResourceClaim {entry}: {reason}");
     }
-    for claim_name in &decision.unallocated {
+    let mut unallocated = decision.unallocated.clone();
+    if pod.node_name().is_some() {
+        // Claims created just now for a pod bound without the scheduler:
+        // nothing will allocate them either.
+        unallocated.extend(created.iter().cloned());
+    }
+    for claim_name in &unallocated {
         ctx.events
             .warn(
                 pod,

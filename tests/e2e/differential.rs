@@ -1,0 +1,1579 @@
+//! Differential mode: each scenario runs twice, at the same time, against
+//! two API servers: one where kube-controller-manager runs its
+//! `resourceclaim-controller` (the reference), one where our controller
+//! runs. The normalized outcomes (claims, pods, events) must be equal.
+//!
+//! The two servers are started once per test binary, when the first
+//! scenario needs them; every scenario works in a namespace of its own on
+//! both, so scenarios stay independent. Where kube-controller-manager is not
+//! beside kube-apiserver, each scenario prints one `SKIP:` line and passes.
+//!
+//! Normalized away, because they are random or differ by construction: uids
+//! (a pod's uid becomes `pod <name>`), resourceVersions, timestamps,
+//! managedFields of claims (the managers are the processes' names), the 5
+//! random characters of generated names (`<generateName>*****`), event
+//! counts, messages (worded differently) and source/reporting fields
+//! (each process reports as itself). Pod status managers are
+//! kept (both must apply as `ResourceClaimController`). Where ours does
+//! better on purpose (the contract's "beyond" points), the scenario says so
+//! and normalizes exactly that.
+//!
+//! `DRA_E2E_DIFF_SHOW=1` prints both normalized outcomes of every scenario.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, ensure};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::cluster::{self, Cluster, ControllerOpts, ControllerSpec};
+use crate::k8s::{
+    DELETE_PROTECTION_FINALIZER, EXTENDED_RESOURCE_CLAIM_ANNOTATION, FAILED_CREATION_REASON, NODE,
+    POD_CLAIM_NAME_ANNOTATION, Source, TIMEOUT, allocation, exactly_spec, pod_ref,
+};
+use crate::procs;
+use crate::reference::{self, Reference};
+use crate::replica::Replica;
+
+const REFERENCE: &str = "kube-controller-manager";
+const OURS: &str = "dra-claim-controller";
+/// Set to `1` to print both normalized outcomes of every scenario.
+const SHOW_ENV: &str = "DRA_E2E_DIFF_SHOW";
+/// An outcome counts as final once it has not changed for this long.
+const STABLE_FOR: Duration = Duration::from_secs(2);
+/// How long a side may take to reach the scenario's end state.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(45);
+/// Beyond: ours warns about a pod bound with `spec.nodeName` whose claim is
+/// not allocated; the reference says nothing.
+const NOT_ALLOCATED_REASON: &str = "ResourceClaimNotAllocated";
+
+/// The two servers, shared by the differential scenarios of this binary.
+struct Servers {
+    reference: (Cluster, Reference),
+    ours: (Cluster, Arc<Replica>),
+}
+
+fn servers(bins: &cluster::Binaries, kcm: PathBuf) -> Result<&'static Servers, String> {
+    static SERVERS: OnceLock<Result<Servers, String>> = OnceLock::new();
+    SERVERS
+        .get_or_init(|| {
+            let bins = bins.clone();
+            // On a thread with a runtime of its own: the servers outlive the
+            // test that happens to start them.
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                rt.block_on(start_servers(&bins, &kcm))
+                    .map_err(|e| format!("{e:#}"))
+            })
+            .join()
+            .unwrap_or_else(|_| Err("differential servers setup panicked".into()))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+async fn start_servers(bins: &cluster::Binaries, kcm: &std::path::Path) -> anyhow::Result<Servers> {
+    let (reference_cluster, ours_cluster) =
+        tokio::join!(Cluster::start(bins), Cluster::start(bins));
+    let (mut reference_cluster, mut ours_cluster) = (
+        reference_cluster.context("reference API server")?,
+        ours_cluster.context("API server for ours")?,
+    );
+    reference_cluster.keep_dir();
+    ours_cluster.keep_dir();
+    let spec = ControllerSpec::new(&ours_cluster, &ControllerOpts::default(), "differential");
+    let (kcm, ours) = tokio::join!(
+        Reference::start(kcm, &reference_cluster),
+        Replica::start(spec)
+    );
+    let (kcm, ours) = (kcm?, ours?);
+    eprintln!(
+        "e2e: differential servers: reference in {} (kube-controller-manager on port {}), ours in {}",
+        reference_cluster.dir.display(),
+        kcm.port,
+        ours_cluster.dir.display()
+    );
+    // Statics are never dropped: kill the processes and remove the
+    // directories when the binary exits. Our controller is left to
+    // PR_SET_PDEATHSIG (its supervisor may have replaced the process).
+    let keep = std::env::var(cluster::KEEP_ENV).is_ok_and(|v| v == "1");
+    let dirs = if keep {
+        vec![]
+    } else {
+        vec![reference_cluster.dir.clone(), ours_cluster.dir.clone()]
+    };
+    procs::cleanup_on_exit(
+        &[
+            kcm.proc.pid(),
+            reference_cluster.apiserver.pid(),
+            reference_cluster.etcd.pid(),
+            ours_cluster.apiserver.pid(),
+            ours_cluster.etcd.pid(),
+        ],
+        &dirs,
+    );
+    Ok(Servers {
+        reference: (reference_cluster, kcm),
+        ours: (ours_cluster, ours),
+    })
+}
+
+/// One scenario on both servers.
+struct Pair {
+    name: &'static str,
+    started: Instant,
+    servers: &'static Servers,
+    reference: Side,
+    ours: Side,
+    finished: bool,
+}
+
+impl Pair {
+    /// `None` (after one `SKIP:` line) without the binaries.
+    async fn new(name: &'static str) -> Option<Self> {
+        let Some(bins) = cluster::binaries() else {
+            println!("SKIP: {name}: {}", cluster::SKIP_REASON);
+            return None;
+        };
+        let Some(kcm) = reference::binary(&bins) else {
+            println!("SKIP: {name}: {}", reference::SKIP_REASON);
+            return None;
+        };
+        let servers = tokio::task::spawn_blocking(move || servers(&bins, kcm))
+            .await
+            .expect("join differential setup")
+            .unwrap_or_else(|e| panic!("{name}: differential servers failed to start: {e}"));
+        let ns = namespace_for(name);
+        let (reference, ours) = tokio::join!(
+            Side::new(REFERENCE, &servers.reference.0, &ns),
+            Side::new(OURS, &servers.ours.0, &ns)
+        );
+        Some(Self {
+            name,
+            started: Instant::now(),
+            servers,
+            reference,
+            ours,
+            finished: false,
+        })
+    }
+
+    /// Runs `steps` on both sides at once, waits until each side reaches
+    /// `done` and stays unchanged, and compares. `beyond` removes from
+    /// our outcome what the contract makes us do beyond the reference and
+    /// says what it removed.
+    async fn run(
+        mut self,
+        steps: impl AsyncFn(&Side),
+        done: impl Fn(&Snapshot) -> anyhow::Result<()>,
+        beyond: impl Fn(&mut Snapshot) -> Vec<String>,
+    ) {
+        tokio::join!(steps(&self.reference), steps(&self.ours));
+        let (reference, mut ours) =
+            tokio::join!(self.reference.settle(&done), self.ours.settle(&done));
+        for note in beyond(&mut ours.snapshot) {
+            println!("BEYOND: {}: {note}", self.name);
+        }
+        let (want, got) = (reference.snapshot.render(), ours.snapshot.render());
+        if std::env::var(SHOW_ENV).is_ok_and(|v| v == "1") {
+            println!("{}: normalized outcome of {REFERENCE}:\n{want}", self.name);
+            println!("{}: normalized outcome of {OURS}:\n{got}", self.name);
+            for (who, settled) in [(REFERENCE, &reference), (OURS, &ours)] {
+                for m in &settled.snapshot.messages {
+                    println!("{}: {who} event: {m}", self.name);
+                }
+            }
+        }
+        if want != got {
+            let mut report = format!(
+                "DIFFERENTIAL MISMATCH: {} ('-' {REFERENCE}, '+' {OURS}, namespace {})\n",
+                self.name, self.reference.ns
+            );
+            for (who, settled) in [(REFERENCE, &reference), (OURS, &ours)] {
+                if let Some(why) = &settled.unsettled {
+                    report += &format!("  {who} never reached the end state: {why}\n");
+                }
+            }
+            report += &line_diff(&want, &got);
+            report += "\nevent messages:\n";
+            for (who, settled) in [(REFERENCE, &reference), (OURS, &ours)] {
+                for m in &settled.snapshot.messages {
+                    report += &format!("  {who}: {m}\n");
+                }
+            }
+            println!("{report}");
+            panic!("{}: outcomes differ (diff above)", self.name);
+        }
+        println!(
+            "DIFFERENTIAL {}: same outcome ({} claims, {} deleted claims, {} pods, {} event reasons)",
+            self.name,
+            ours.snapshot.claims.len(),
+            ours.snapshot.deleted_claims.len(),
+            ours.snapshot.pods.len(),
+            ours.snapshot.events.len()
+        );
+        self.finished = true;
+        eprintln!(
+            "e2e: {} took {:.1}s",
+            self.name,
+            self.started.elapsed().as_secs_f64()
+        );
+        println!("E2E RAN: {}", self.name);
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        if self.finished || !std::thread::panicking() {
+            return;
+        }
+        let ns = &self.ours.ns;
+        eprintln!(
+            "---- differential {} failed (namespace {ns}) ----",
+            self.name
+        );
+        eprintln!(
+            "-- {REFERENCE} log ({}), lines naming {ns}:\n{}",
+            self.servers.reference.1.proc.log.display(),
+            self.servers.reference.1.grep(ns, 60)
+        );
+        let ours = self.servers.ours.1.current();
+        eprintln!(
+            "-- {OURS} log ({}), lines naming {ns}:\n{}",
+            ours.proc.log.display(),
+            procs::grep(&ours.proc.log, ns, 60)
+        );
+    }
+}
+
+fn namespace_for(name: &str) -> String {
+    let mut ns: String = name.replace('_', "-").chars().take(63).collect();
+    while ns.ends_with('-') {
+        ns.pop();
+    }
+    ns
+}
+
+/// One server's half of a scenario: the admin client, the namespace, the
+/// pods the scenario created (to name uids) and the claims deleted so far
+/// (their last state, from a watch).
+struct Side {
+    who: &'static str,
+    client: kube::Client,
+    ns: String,
+    /// `(uid, "pod <name>")` of every pod the scenario created, in order.
+    pods_created: Mutex<Vec<(String, String)>>,
+    deleted: Arc<Mutex<Vec<ResourceClaim>>>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
+}
+
+struct Settled {
+    snapshot: Snapshot,
+    /// Why the end state was not reached, if it was not.
+    unsettled: Option<String>,
+}
+
+impl Side {
+    async fn new(who: &'static str, cluster: &Cluster, ns: &str) -> Self {
+        let client = cluster
+            .admin_client()
+            .await
+            .unwrap_or_else(|e| panic!("{who}: admin client: {e:#}"));
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace"),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{who}: create namespace {ns}: {e}"));
+        let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), ns);
+        let from = claims
+            .list(&ListParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("{who}: list claims: {e}"))
+            .metadata
+            .resource_version
+            .unwrap_or_default();
+        let deleted = Arc::new(Mutex::new(Vec::new()));
+        let watch = tokio::spawn(record_deletions(claims, from, deleted.clone()));
+        Self {
+            who,
+            client,
+            ns: ns.to_string(),
+            pods_created: Mutex::new(Vec::new()),
+            deleted,
+            watch,
+        }
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn claims(&self) -> Api<ResourceClaim> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    async fn create_template_with(&self, name: &str, labels: Value, annotations: Value) {
+        let t: ResourceClaimTemplate = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {
+                "metadata": {"labels": labels, "annotations": annotations},
+                "spec": exactly_spec(),
+            },
+        }))
+        .expect("template");
+        Api::<ResourceClaimTemplate>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &t)
+            .await
+            .unwrap_or_else(|e| panic!("{}: create template {name}: {e}", self.who));
+    }
+
+    async fn create_template(&self, name: &str) {
+        self.create_template_with(name, json!({}), json!({})).await;
+    }
+
+    /// A pod with one container that uses every claim entry.
+    async fn create_pod(
+        &self,
+        name: &str,
+        entries: &[(&str, Source<'_>)],
+        node: Option<&str>,
+    ) -> Pod {
+        let claims: Vec<Value> = entries
+            .iter()
+            .map(|(entry, source)| match source {
+                Source::Template(t) => json!({"name": entry, "resourceClaimTemplateName": t}),
+                Source::Claim(c) => json!({"name": entry, "resourceClaimName": c}),
+            })
+            .collect();
+        let uses: Vec<Value> = entries.iter().map(|(e, _)| json!({"name": e})).collect();
+        let mut spec = json!({
+            "containers": [{
+                "name": "main",
+                "image": "registry.invalid/e2e/pause:1",
+                "resources": {"claims": uses},
+            }],
+            "resourceClaims": claims,
+            "terminationGracePeriodSeconds": 0,
+        });
+        if let Some(node) = node {
+            spec["nodeName"] = json!(node);
+        }
+        self.create_pod_from(json!({"metadata": {"name": name}, "spec": spec}))
+            .await
+    }
+
+    /// Creates a pod from raw JSON and remembers its uid as `pod <name>`
+    /// (`pod <name> #2` for a second pod of the same name).
+    async fn create_pod_from(&self, mut pod: Value) -> Pod {
+        pod["apiVersion"] = json!("v1");
+        pod["kind"] = json!("Pod");
+        let name = pod["metadata"]["name"].as_str().unwrap_or("?").to_string();
+        let pod: Pod = serde_json::from_value(pod).expect("pod");
+        let pod = self
+            .pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("{}: create pod {name}: {e}", self.who));
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let mut created = self.pods_created.lock().unwrap();
+        let first = format!("pod {name}");
+        let same_name = created
+            .iter()
+            .filter(|(_, l)| *l == first || l.starts_with(&format!("{first} #")))
+            .count();
+        let label = match same_name {
+            0 => format!("pod {name}"),
+            n => format!("pod {name} #{}", n + 1),
+        };
+        created.push((uid, label));
+        pod
+    }
+
+    /// A claim from raw metadata and [`exactly_spec`].
+    async fn create_claim(&self, metadata: Value) {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": metadata,
+            "spec": exactly_spec(),
+        }))
+        .expect("claim");
+        self.claims()
+            .create(&PostParams::default(), &claim)
+            .await
+            .unwrap_or_else(|e| panic!("{}: create claim: {e}", self.who));
+    }
+
+    /// What the scheduler does when it allocates: finalizer, then
+    /// `status.allocation` and `status.reservedFor`.
+    async fn allocate(&self, claim: &str, reserved_for: Value) {
+        let pp = PatchParams::default();
+        self.claims()
+            .patch(
+                claim,
+                &pp,
+                &Patch::Merge(json!({"metadata": {"finalizers": [DELETE_PROTECTION_FINALIZER]}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{}: add finalizer to claim {claim}: {e}", self.who));
+        self.claims()
+            .patch_status(
+                claim,
+                &pp,
+                &Patch::Merge(
+                    json!({"status": {"allocation": allocation(), "reservedFor": reserved_for}}),
+                ),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{}: allocate claim {claim}: {e}", self.who));
+    }
+
+    async fn patch_pod_status(&self, pod: &str, status: Value) {
+        self.pods()
+            .patch_status(
+                pod,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{}: patch status of pod {pod}: {e}", self.who));
+    }
+
+    async fn set_pod_phase(&self, pod: &str, phase: &str) {
+        self.patch_pod_status(pod, json!({"phase": phase})).await;
+    }
+
+    /// Removes a pod at once, as a kubelet confirming termination would.
+    async fn delete_pod_now(&self, name: &str) {
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        self.pods()
+            .delete(name, &dp)
+            .await
+            .unwrap_or_else(|e| panic!("{}: delete pod {name}: {e}", self.who));
+        self.wait_until(&format!("pod {name} to be gone"), |s| {
+            ensure!(s.pod(name).is_err(), "still there");
+            Ok(())
+        })
+        .await;
+    }
+
+    /// The real name of the claim recorded for `entry` of `pod`, once the
+    /// claim exists.
+    async fn recorded_claim(&self, pod: &str, entry: &str) -> String {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let name = self.pods().get(pod).await.ok().and_then(|p| {
+                p.status?
+                    .resource_claim_statuses?
+                    .into_iter()
+                    .find(|s| s.name == entry)?
+                    .resource_claim_name
+            });
+            if let Some(name) = name
+                && matches!(self.claims().get_opt(&name).await, Ok(Some(_)))
+            {
+                return name;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: no claim recorded for entry {entry} of pod {pod} within {TIMEOUT:?}",
+                self.who
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits for the Warning a pod gets while its template is missing, so
+    /// the event is part of the outcome however fast the controller is.
+    async fn wait_creation_failed(&self) {
+        self.wait_until("a FailedResourceClaimCreation event", |s| {
+            s.has_event(FAILED_CREATION_REASON)
+        })
+        .await;
+    }
+
+    /// Waits (up to [`TIMEOUT`]) until the normalized state satisfies `check`.
+    async fn wait_until(&self, what: &str, check: impl Fn(&Snapshot) -> anyhow::Result<()>) {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let why = match self.snapshot().await {
+                Ok(s) => match check(&s) {
+                    Ok(()) => return,
+                    Err(e) => e,
+                },
+                Err(e) => e,
+            };
+            assert!(
+                Instant::now() < deadline,
+                "{}: timed out after {TIMEOUT:?} waiting for {what}; last state: {why:#}",
+                self.who
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until `done` holds and the snapshot stays the same for
+    /// [`STABLE_FOR`]; gives up after [`SETTLE_TIMEOUT`] with the reason.
+    async fn settle(&self, done: &impl Fn(&Snapshot) -> anyhow::Result<()>) -> Settled {
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        let mut stable: Option<(Snapshot, Instant)> = None;
+        loop {
+            let snapshot = match self.snapshot().await {
+                Ok(s) => s,
+                Err(e) => panic!("{}: reading the outcome: {e:#}", self.who),
+            };
+            let why = match done(&snapshot) {
+                Ok(()) => match &stable {
+                    Some((last, since)) if *last == snapshot => {
+                        if since.elapsed() >= STABLE_FOR {
+                            return Settled {
+                                snapshot,
+                                unsettled: None,
+                            };
+                        }
+                        "not yet stable".to_string()
+                    }
+                    _ => {
+                        stable = Some((snapshot.clone(), Instant::now()));
+                        "changed".to_string()
+                    }
+                },
+                Err(e) => {
+                    stable = None;
+                    format!("{e:#}")
+                }
+            };
+            if Instant::now() >= deadline {
+                return Settled {
+                    snapshot,
+                    unsettled: Some(why),
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// The normalized state of the namespace.
+    async fn snapshot(&self) -> anyhow::Result<Snapshot> {
+        let lp = ListParams::default();
+        let claims = self.claims().list(&lp).await?.items;
+        let pods = self.pods().list(&lp).await?.items;
+        let events = Api::<Event>::namespaced(self.client.clone(), &self.ns)
+            .list(&lp)
+            .await?
+            .items;
+        let deleted = self.deleted.lock().unwrap().clone();
+
+        let mut names = Names::default();
+        // References to a deleted claim say so; present claims win.
+        for (list, suffix) in [(&deleted, DELETED), (&claims, "")] {
+            for c in list {
+                let name = c.metadata.name.clone().unwrap_or_default();
+                let normalized = normalize_claim_name(&name, c.metadata.generate_name.as_deref());
+                names.claims.insert(name, format!("{normalized}{suffix}"));
+            }
+        }
+        names.uids = self.pods_created.lock().unwrap().iter().cloned().collect();
+
+        let mut snapshot = Snapshot {
+            claims: claims.iter().map(|c| names.claim_value(c)).collect(),
+            deleted_claims: deleted.iter().map(|c| names.claim_value(c)).collect(),
+            pods: pods.iter().map(|p| names.pod_value(p)).collect(),
+            events: BTreeSet::new(),
+            messages: BTreeSet::new(),
+        };
+        for e in &events {
+            let kind = e.involved_object.kind.clone().unwrap_or_default();
+            let raw = e.involved_object.name.clone().unwrap_or_default();
+            let object = match kind.as_str() {
+                "ResourceClaim" => names.claim(&raw),
+                _ => raw,
+            };
+            let (type_, reason) = (
+                e.type_.clone().unwrap_or_default(),
+                e.reason.clone().unwrap_or_default(),
+            );
+            snapshot.messages.insert(format!(
+                "{type_} {kind}/{object} {reason}: {}",
+                e.message.clone().unwrap_or_default()
+            ));
+            snapshot.events.insert(EventKey {
+                object: format!("{kind}/{object}"),
+                type_,
+                reason,
+            });
+        }
+        snapshot.claims.sort_by_key(Value::to_string);
+        snapshot.deleted_claims.sort_by_key(Value::to_string);
+        snapshot.pods.sort_by_key(|p| p["name"].to_string());
+        Ok(snapshot)
+    }
+}
+
+/// Collects the last state of every claim deleted in the namespace.
+async fn record_deletions(
+    claims: Api<ResourceClaim>,
+    mut rv: String,
+    out: Arc<Mutex<Vec<ResourceClaim>>>,
+) {
+    use kube::api::{WatchEvent, WatchParams};
+    loop {
+        let wp = WatchParams::default().timeout(290);
+        let stream = match claims.watch(&wp, &rv).await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("e2e: differential: watching claims failed: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(WatchEvent::Added(c) | WatchEvent::Modified(c)) => {
+                    rv = c.metadata.resource_version.unwrap_or(rv);
+                }
+                Ok(WatchEvent::Deleted(c)) => {
+                    rv = c.metadata.resource_version.clone().unwrap_or(rv);
+                    out.lock().unwrap().push(c);
+                }
+                Ok(WatchEvent::Bookmark(b)) => rv = b.metadata.resource_version,
+                Ok(WatchEvent::Error(e)) => {
+                    // 410 Gone cannot happen within a scenario's lifetime.
+                    eprintln!("e2e: differential: claim watch error: {e:?}");
+                    return;
+                }
+                Err(e) => {
+                    eprintln!("e2e: differential: claim watch ended: {e}");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Appended to references to a claim seen deleted.
+const DELETED: &str = " (deleted)";
+
+/// `<generateName>*****` for a generated name, the name itself otherwise.
+fn normalize_claim_name(name: &str, generate_name: Option<&str>) -> String {
+    match generate_name {
+        Some(g) if !g.is_empty() && name.starts_with(g) && name.len() == g.len() + 5 => {
+            format!("{g}*****")
+        }
+        _ => name.to_string(),
+    }
+}
+
+/// Random names and uids → stable ones.
+#[derive(Default)]
+struct Names {
+    claims: BTreeMap<String, String>,
+    uids: BTreeMap<String, String>,
+}
+
+impl Names {
+    /// A reference to a claim (from a pod status or an event).
+    fn claim(&self, name: &str) -> String {
+        match self.claims.get(name) {
+            Some(n) => n.clone(),
+            // Neither present nor seen deleted: keep what is not random.
+            None if name.len() > 5 => format!("{}***** (no such claim)", &name[..name.len() - 5]),
+            None => format!("{name} (no such claim)"),
+        }
+    }
+
+    fn uid(&self, uid: &str) -> String {
+        self.uids
+            .get(uid)
+            .cloned()
+            .unwrap_or_else(|| uid.to_string())
+    }
+
+    fn claim_value(&self, c: &ResourceClaim) -> Value {
+        let m = &c.metadata;
+        let owners: Vec<Value> = m
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| {
+                json!({
+                    "apiVersion": o.api_version, "kind": o.kind, "name": o.name,
+                    "uid": self.uid(&o.uid),
+                    "controller": o.controller, "blockOwnerDeletion": o.block_owner_deletion,
+                })
+            })
+            .collect();
+        let status = c.status.clone().unwrap_or_default();
+        let reserved: Vec<Value> = status
+            .reserved_for
+            .iter()
+            .flatten()
+            .map(|r| {
+                json!({
+                    "apiGroup": r.api_group, "resource": r.resource, "name": r.name,
+                    "uid": self.uid(&r.uid),
+                })
+            })
+            .collect();
+        json!({
+            "name": normalize_claim_name(m.name.as_deref().unwrap_or_default(), m.generate_name.as_deref()),
+            "generateName": m.generate_name,
+            // An empty map and none are the same object to every client.
+            "labels": m.labels.clone().unwrap_or_default(),
+            "annotations": m.annotations.clone().unwrap_or_default(),
+            "ownerReferences": owners,
+            "finalizers": m.finalizers.clone().unwrap_or_default(),
+            "deleting": m.deletion_timestamp.is_some(),
+            "spec": c.spec,
+            "allocated": status.allocation.is_some(),
+            "reservedFor": reserved,
+        })
+    }
+
+    fn pod_value(&self, p: &Pod) -> Value {
+        let status = p.status.clone().unwrap_or_default();
+        let mut claim_statuses: Vec<Value> = status
+            .resource_claim_statuses
+            .iter()
+            .flatten()
+            .map(|s| {
+                json!({
+                    "name": s.name,
+                    "resourceClaimName": s.resource_claim_name.as_deref().map(|n| self.claim(n)),
+                })
+            })
+            .collect();
+        claim_statuses.sort_by_key(|s| s["name"].to_string());
+        let mut status_managers: Vec<String> = p
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|m| m.subresource.as_deref() == Some("status"))
+            .map(|m| {
+                format!(
+                    "{} {}",
+                    m.manager.as_deref().unwrap_or_default(),
+                    m.operation.as_deref().unwrap_or_default()
+                )
+            })
+            .collect();
+        status_managers.sort();
+        json!({
+            "name": p.metadata.name,
+            "uid": self.uid(p.metadata.uid.as_deref().unwrap_or_default()),
+            "deleting": p.metadata.deletion_timestamp.is_some(),
+            "nodeName": p.spec.as_ref().and_then(|s| s.node_name.clone()),
+            "phase": status.phase,
+            "resourceClaimStatuses": claim_statuses,
+            "statusManagers": status_managers,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct EventKey {
+    object: String,
+    type_: String,
+    reason: String,
+}
+
+/// The normalized outcome of a scenario on one server.
+#[derive(Debug, Clone, PartialEq)]
+struct Snapshot {
+    claims: Vec<Value>,
+    /// Last state of each claim deleted during the scenario.
+    deleted_claims: Vec<Value>,
+    pods: Vec<Value>,
+    /// Event object, type and reason (not count, message or source).
+    events: BTreeSet<EventKey>,
+    /// Not compared: shown when the outcomes differ.
+    messages: BTreeSet<String>,
+}
+
+impl Snapshot {
+    /// The compared part, one line per field so a diff reads well.
+    fn render(&self) -> String {
+        let events: Vec<String> = self
+            .events
+            .iter()
+            .map(|e| format!("{} {} {}", e.type_, e.object, e.reason))
+            .collect();
+        serde_json::to_string_pretty(&json!({
+            "claims": self.claims,
+            "deletedClaims": self.deleted_claims,
+            "pods": self.pods,
+            "events": events,
+        }))
+        .expect("snapshot to JSON")
+    }
+
+    fn pod(&self, name: &str) -> anyhow::Result<&Value> {
+        self.pods
+            .iter()
+            .find(|p| p["name"] == name)
+            .with_context(|| format!("no pod {name}"))
+    }
+
+    /// The normalized claim name recorded for `entry` of `pod`.
+    fn recorded(&self, pod: &str, entry: &str) -> anyhow::Result<String> {
+        let p = self.pod(pod)?;
+        let name = p["resourceClaimStatuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["name"] == entry)
+            .with_context(|| format!("pod {pod}: entry {entry} not recorded"))?["resourceClaimName"]
+            .as_str()
+            .with_context(|| format!("pod {pod}: entry {entry} recorded without a claim"))?
+            .to_string();
+        ensure!(
+            self.claim(&name).is_ok(),
+            "pod {pod}: entry {entry} records {name}, which does not exist"
+        );
+        Ok(name)
+    }
+
+    fn claim(&self, normalized: &str) -> anyhow::Result<&Value> {
+        self.claims
+            .iter()
+            .find(|c| c["name"] == normalized)
+            .with_context(|| format!("no claim {normalized}"))
+    }
+
+    /// The `resource/name` entries of a claim's `reservedFor`.
+    fn reserved(&self, claim: &str) -> anyhow::Result<Vec<String>> {
+        Ok(self.claim(claim)?["reservedFor"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                format!(
+                    "{}/{}",
+                    r["resource"].as_str().unwrap_or(""),
+                    r["name"].as_str().unwrap_or("")
+                )
+            })
+            .collect())
+    }
+
+    /// Not reserved, not allocated, not protected.
+    fn released(&self, claim: &str) -> anyhow::Result<()> {
+        let c = self.claim(claim)?;
+        ensure!(
+            self.reserved(claim)?.is_empty(),
+            "{claim} reserved for {:?}",
+            self.reserved(claim)?
+        );
+        ensure!(c["allocated"] == false, "{claim} still allocated");
+        ensure!(
+            c["finalizers"].as_array().is_none_or(Vec::is_empty),
+            "{claim} finalizers {}",
+            c["finalizers"]
+        );
+        Ok(())
+    }
+
+    fn has_event(&self, reason: &str) -> anyhow::Result<()> {
+        ensure!(
+            self.events.iter().any(|e| e.reason == reason),
+            "no {reason} event yet"
+        );
+        Ok(())
+    }
+}
+
+/// Nothing ours does here goes beyond the reference.
+fn same(_: &mut Snapshot) -> Vec<String> {
+    Vec::new()
+}
+
+/// Beyond (contract, "Pre-scheduled pods"): ours tells the user with a
+/// Warning event when a pod bound with `spec.nodeName` uses a claim that
+/// is not allocated; the reference stays silent. Removed from our outcome.
+fn drop_not_allocated_warnings(s: &mut Snapshot) -> Vec<String> {
+    let ours: Vec<EventKey> = s
+        .events
+        .iter()
+        .filter(|e| e.reason == NOT_ALLOCATED_REASON)
+        .cloned()
+        .collect();
+    ours.into_iter()
+        .map(|e| {
+            s.events.remove(&e);
+            format!(
+                "ours also sent {} {} on {} (pre-scheduled pod whose claim is not allocated; the reference sends nothing)",
+                e.type_, e.reason, e.object
+            )
+        })
+        .collect()
+}
+
+/// [`drop_not_allocated_warnings`], requiring the warning on each of
+/// `objects` (`Pod/<name>`): the beyond point must be delivered.
+fn require_not_allocated_warnings(objects: &[&str]) -> impl Fn(&mut Snapshot) -> Vec<String> {
+    let objects: Vec<String> = objects.iter().map(|o| o.to_string()).collect();
+    move |s: &mut Snapshot| {
+        let missing: Vec<&String> = objects
+            .iter()
+            .filter(|o| {
+                !s.events
+                    .iter()
+                    .any(|e| e.reason == NOT_ALLOCATED_REASON && &e.object == *o)
+            })
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "beyond point not delivered: ours sent no Warning {NOT_ALLOCATED_REASON} on {missing:?} \
+             (pods bound with spec.nodeName whose claims are not allocated); events: {:?}",
+            s.events
+        );
+        drop_not_allocated_warnings(s)
+    }
+}
+
+/// A line diff (longest common subsequence) of two renderings: `-` lines
+/// only in `want`, `+` lines only in `got`, with two lines of context.
+fn line_diff(want: &str, got: &str) -> String {
+    let (a, b): (Vec<&str>, Vec<&str>) = (want.lines().collect(), got.lines().collect());
+    let mut lcs = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for i in (0..a.len()).rev() {
+        for j in (0..b.len()).rev() {
+            lcs[i][j] = if a[i] == b[j] {
+                lcs[i + 1][j + 1] + 1
+            } else {
+                lcs[i + 1][j].max(lcs[i][j + 1])
+            };
+        }
+    }
+    let mut ops = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() || j < b.len() {
+        if i < a.len() && j < b.len() && a[i] == b[j] {
+            ops.push((' ', a[i]));
+            i += 1;
+            j += 1;
+        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
+            ops.push(('-', a[i]));
+            i += 1;
+        } else {
+            ops.push(('+', b[j]));
+            j += 1;
+        }
+    }
+    let near_change = |k: usize| {
+        ops[k.saturating_sub(2)..(k + 3).min(ops.len())]
+            .iter()
+            .any(|(op, _)| *op != ' ')
+    };
+    let mut out = String::new();
+    let mut skipped = false;
+    for (k, (op, line)) in ops.iter().enumerate() {
+        if near_change(k) {
+            if skipped {
+                out.push_str("  ...\n");
+                skipped = false;
+            }
+            out.push_str(&format!("{op} {line}\n"));
+        } else {
+            skipped = true;
+        }
+    }
+    out
+}
+
+// ---- scenarios -------------------------------------------------------
+
+/// A template's labels, annotations and spec are copied into the claim,
+/// which is recorded in the pod status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_template_claim_created_and_recorded() {
+    let Some(p) = Pair::new("differential_template_claim_created_and_recorded").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            s.create_template_with(
+                "gpu-template",
+                json!({"team": "e2e", "tier": "gold"}),
+                json!({"example.com/note": "copied"}),
+            )
+            .await;
+            s.create_pod("app", &[("gpu", Source::Template("gpu-template"))], None)
+                .await;
+        },
+        |s| s.recorded("app", "gpu").map(drop),
+        same,
+    )
+    .await;
+}
+
+/// Two template entries get two claims; an entry naming a user's claim is
+/// neither recorded nor touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_two_templates_and_a_shared_claim() {
+    let Some(p) = Pair::new("differential_two_templates_and_a_shared_claim").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            s.create_template("tmpl-a").await;
+            s.create_template("tmpl-b").await;
+            s.create_claim(json!({"name": "shared"})).await;
+            s.create_pod(
+                "multi",
+                &[
+                    ("a", Source::Template("tmpl-a")),
+                    ("b", Source::Template("tmpl-b")),
+                    ("c", Source::Claim("shared")),
+                ],
+                None,
+            )
+            .await;
+        },
+        |s| {
+            s.recorded("multi", "a")?;
+            s.recorded("multi", "b")?;
+            Ok(())
+        },
+        same,
+    )
+    .await;
+}
+
+/// Long pod and entry names: both are truncated proportionally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_long_names_are_truncated() {
+    let Some(p) = Pair::new("differential_long_names_are_truncated").await else {
+        return;
+    };
+    let entry = format!("entry-{}", "e".repeat(57));
+    let cases = [
+        (format!("pod-{}", "p".repeat(59)), entry.clone()),
+        (format!("big-{}", "z".repeat(249)), entry.clone()),
+        (
+            "medium-pod-name-of-forty-characters-long-2".into(),
+            "short".into(),
+        ),
+        (
+            "medium-pod-name-of-forty-characters-long-3".into(),
+            "gpu-entry-with-some-length".into(),
+        ),
+    ];
+    p.run(
+        async |s: &Side| {
+            s.create_template("tmpl").await;
+            for (pod, entry) in &cases {
+                s.create_pod(pod, &[(entry, Source::Template("tmpl"))], None)
+                    .await;
+            }
+        },
+        |s| {
+            for (pod, entry) in &cases {
+                s.recorded(pod, entry)?;
+            }
+            Ok(())
+        },
+        same,
+    )
+    .await;
+}
+
+/// A missing template is reported on the pod (Warning
+/// FailedResourceClaimCreation); once the template exists the claim appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_missing_template_created_later() {
+    let Some(p) = Pair::new("differential_missing_template_created_later").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            s.create_pod(
+                "waiting",
+                &[("accel-entry", Source::Template("late-template"))],
+                None,
+            )
+            .await;
+            s.wait_creation_failed().await;
+            s.create_template("late-template").await;
+        },
+        |s| s.recorded("waiting", "accel-entry").map(drop),
+        same,
+    )
+    .await;
+}
+
+/// Pods placed with `spec.nodeName` get their allocated claims reserved: a
+/// generated claim allocated after creation, a user's claim allocated
+/// before the pod exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_prescheduled_pod_gets_reservation() {
+    let Some(p) = Pair::new("differential_prescheduled_pod_gets_reservation").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            s.create_template("tmpl").await;
+            s.create_pod("placed", &[("gpu", Source::Template("tmpl"))], Some(NODE))
+                .await;
+            let claim = s.recorded_claim("placed", "gpu").await;
+            s.allocate(&claim, json!([])).await;
+            s.create_claim(json!({"name": "user-claim"})).await;
+            s.allocate("user-claim", json!([])).await;
+            s.create_pod(
+                "placed-user",
+                &[("dev", Source::Claim("user-claim"))],
+                Some(NODE),
+            )
+            .await;
+        },
+        |s| {
+            let generated = s.recorded("placed", "gpu")?;
+            ensure!(
+                s.reserved(&generated)? == ["pods/placed"],
+                "{generated} not reserved"
+            );
+            ensure!(
+                s.reserved("user-claim")? == ["pods/placed-user"],
+                "user-claim not reserved"
+            );
+            Ok(())
+        },
+        // The claim of "placed" exists unallocated for a moment.
+        drop_not_allocated_warnings,
+    )
+    .await;
+}
+
+/// Pods bound with `spec.nodeName` whose claims are not allocated: nothing
+/// is reserved, by either. Beyond (contract, "Pre-scheduled pods"): ours
+/// tells the user with a Warning `ResourceClaimNotAllocated`, for a user's
+/// claim and for a claim made from a template alike; the reference says
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_prescheduled_pod_with_unallocated_claim() {
+    let Some(p) = Pair::new("differential_prescheduled_pod_with_unallocated_claim").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            s.create_template("tmpl").await;
+            s.create_claim(json!({"name": "unallocated"})).await;
+            s.create_pod(
+                "waiting-user",
+                &[("dev", Source::Claim("unallocated"))],
+                Some(NODE),
+            )
+            .await;
+            s.create_pod(
+                "waiting-generated",
+                &[("gpu", Source::Template("tmpl"))],
+                Some(NODE),
+            )
+            .await;
+        },
+        |s| s.recorded("waiting-generated", "gpu").map(drop),
+        require_not_allocated_warnings(&["Pod/waiting-user", "Pod/waiting-generated"]),
+    )
+    .await;
+}
+
+/// Pods that finished release their claims: reservation removed,
+/// deallocated, finalizer removed, claim deleted. (The contract's beyond
+/// point "completed pods never get a claim again" does not show here: the
+/// reference only re-creates such claims after a restart or once more than
+/// 100 recent creations pushed them out of its cache, so there is nothing
+/// to normalize.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_done_pods_release_their_claims() {
+    let Some(p) = Pair::new("differential_done_pods_release_their_claims").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            s.create_template("tmpl").await;
+            for (pod_name, phase) in [("worker-ok", "Succeeded"), ("worker-failed", "Failed")] {
+                let pod = s
+                    .create_pod(pod_name, &[("gpu", Source::Template("tmpl"))], None)
+                    .await;
+                let claim = s.recorded_claim(pod_name, "gpu").await;
+                s.allocate(&claim, json!([pod_ref(&pod)])).await;
+                s.set_pod_phase(pod_name, phase).await;
+            }
+        },
+        |s| {
+            ensure!(s.claims.is_empty(), "{} claims left", s.claims.len());
+            ensure!(
+                s.deleted_claims.len() == 2,
+                "{} deleted",
+                s.deleted_claims.len()
+            );
+            Ok(())
+        },
+        same,
+    )
+    .await;
+}
+
+/// A deleted pod's reservation is removed and its claim deallocated and
+/// unprotected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_deleted_pod_releases_its_claim() {
+    let Some(p) = Pair::new("differential_deleted_pod_releases_its_claim").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            s.create_template("tmpl").await;
+            let pod = s
+                .create_pod("gone", &[("gpu", Source::Template("tmpl"))], Some(NODE))
+                .await;
+            let claim = s.recorded_claim("gone", "gpu").await;
+            s.allocate(&claim, json!([pod_ref(&pod)])).await;
+            s.delete_pod_now("gone").await;
+        },
+        |s| match s.claims.first() {
+            Some(c) => s.released(c["name"].as_str().unwrap_or_default()),
+            None => Ok(()),
+        },
+        same,
+    )
+    .await;
+}
+
+/// A reservation for a pod that never existed is removed; the claim is
+/// deallocated and unprotected but kept (no pod owns it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_reservation_for_missing_pod_is_removed() {
+    let Some(p) = Pair::new("differential_reservation_for_missing_pod_is_removed").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            s.create_claim(json!({"name": "stale"})).await;
+            s.allocate(
+                "stale",
+                json!([{"resource": "pods", "name": "never-existed",
+                        "uid": "6c1d3a0e-0000-4000-8000-000000000001"}]),
+            )
+            .await;
+        },
+        |s| s.released("stale"),
+        same,
+    )
+    .await;
+}
+
+/// Consumers of kinds the controller does not know are kept, so the claim
+/// stays allocated and protected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_unknown_consumer_kinds_are_kept() {
+    let Some(p) = Pair::new("differential_unknown_consumer_kinds_are_kept").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            s.create_claim(json!({"name": "mixed"})).await;
+            s.allocate(
+                "mixed",
+                json!([
+                    {"resource": "pods", "name": "ghost",
+                     "uid": "6c1d3a0e-0000-4000-8000-000000000002"},
+                    {"apiGroup": "example.com", "resource": "widgets", "name": "w1",
+                     "uid": "6c1d3a0e-0000-4000-8000-000000000003"},
+                ]),
+            )
+            .await;
+        },
+        |s| {
+            ensure!(
+                s.reserved("mixed")? == ["widgets/w1"],
+                "{:?}",
+                s.reserved("mixed")?
+            );
+            Ok(())
+        },
+        same,
+    )
+    .await;
+}
+
+/// A claim the pod already controls, with the entry's annotation, is
+/// adopted instead of creating a second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_orphan_claim_is_adopted() {
+    let Some(p) = Pair::new("differential_orphan_claim_is_adopted").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            // No template yet: nothing can be created before the orphan exists.
+            let pod = s
+                .create_pod("adopter", &[("gpu", Source::Template("tmpl-later"))], None)
+                .await;
+            s.wait_creation_failed().await;
+            s.create_claim(json!({
+                "name": "adopter-gpu-orphan",
+                "annotations": {POD_CLAIM_NAME_ANNOTATION: "gpu"},
+                "ownerReferences": [{
+                    "apiVersion": "v1", "kind": "Pod", "name": "adopter",
+                    "uid": pod.metadata.uid, "controller": true, "blockOwnerDeletion": true,
+                }],
+            }))
+            .await;
+            s.create_template("tmpl-later").await;
+        },
+        |s| s.recorded("adopter", "gpu").map(drop),
+        same,
+    )
+    .await;
+}
+
+/// An entry recorded without a claim name means "not needed": no claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_skipped_entry_gets_no_claim() {
+    let Some(p) = Pair::new("differential_skipped_entry_gets_no_claim").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            s.create_pod(
+                "skipper",
+                &[
+                    ("skip", Source::Template("tmpl-skip")),
+                    ("use", Source::Template("tmpl-skip")),
+                ],
+                None,
+            )
+            .await;
+            s.patch_pod_status(
+                "skipper",
+                json!({"resourceClaimStatuses": [{"name": "skip"}]}),
+            )
+            .await;
+            s.wait_creation_failed().await;
+            s.create_template("tmpl-skip").await;
+        },
+        |s| s.recorded("skipper", "use").map(drop),
+        same,
+    )
+    .await;
+}
+
+/// A recorded claim controlled by another pod is not used: the pod gets a
+/// claim of its own, the other pod's claim stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_claim_owned_by_another_pod_is_replaced() {
+    let Some(p) = Pair::new("differential_claim_owned_by_another_pod_is_replaced").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            s.create_template("tmpl-first").await;
+            s.create_pod("first", &[("gpu", Source::Template("tmpl-first"))], None)
+                .await;
+            let foreign = s.recorded_claim("first", "gpu").await;
+            s.create_pod("second", &[("gpu", Source::Template("tmpl-second"))], None)
+                .await;
+            s.wait_creation_failed().await;
+            s.patch_pod_status(
+                "second",
+                json!({"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": foreign}]}),
+            )
+            .await;
+            s.create_template("tmpl-second").await;
+        },
+        |s| {
+            let second = s.recorded("second", "gpu")?;
+            ensure!(second.starts_with("second-gpu-"), "second records {second}");
+            s.recorded("first", "gpu").map(drop)
+        },
+        same,
+    )
+    .await;
+}
+
+/// A claim deleted while allocated but unused is deallocated and its
+/// finalizer removed, so the deletion completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_deleted_unused_allocated_claim_goes_away() {
+    let Some(p) = Pair::new("differential_deleted_unused_allocated_claim_goes_away").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            s.create_claim(json!({"name": "doomed"})).await;
+            s.allocate("doomed", json!([])).await;
+            s.claims()
+                .delete("doomed", &DeleteParams::default())
+                .await
+                .unwrap_or_else(|e| panic!("{}: delete claim: {e}", s.who));
+        },
+        |s| {
+            ensure!(s.claims.is_empty(), "{} claims left", s.claims.len());
+            ensure!(s.deleted_claims.len() == 1, "not deleted yet");
+            Ok(())
+        },
+        same,
+    )
+    .await;
+}
+
+/// A claim the scheduler made for an extended resource is released and
+/// deleted when its pod is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_extended_resource_claim_cleaned_up() {
+    let Some(p) = Pair::new("differential_extended_resource_claim_cleaned_up").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            let pod = s
+                .create_pod_from(json!({
+                    "metadata": {"name": "ext"},
+                    "spec": {
+                        "nodeName": NODE,
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [{
+                            "name": "main",
+                            "image": "registry.invalid/e2e/pause:1",
+                            "resources": {
+                                "requests": {"example.com/gpu": "1"},
+                                "limits": {"example.com/gpu": "1"},
+                            },
+                        }],
+                    },
+                }))
+                .await;
+            s.create_claim(json!({
+                "name": "ext-claim",
+                "annotations": {EXTENDED_RESOURCE_CLAIM_ANNOTATION: "true"},
+                "ownerReferences": [{
+                    "apiVersion": "v1", "kind": "Pod", "name": "ext", "uid": pod.metadata.uid,
+                    "controller": true, "blockOwnerDeletion": true,
+                }],
+            }))
+            .await;
+            s.allocate("ext-claim", json!([pod_ref(&pod)])).await;
+            s.patch_pod_status(
+                "ext",
+                json!({"extendedResourceClaimStatus": {
+                    "resourceClaimName": "ext-claim",
+                    "requestMappings": [{
+                        "containerName": "main",
+                        "resourceName": "example.com/gpu",
+                        "requestName": "req-0",
+                    }],
+                }}),
+            )
+            .await;
+            // Running: the claim stays reserved.
+            tokio::time::sleep(STABLE_FOR).await;
+            s.wait_until("the running pod's claim to stay reserved", |s| {
+                ensure!(s.reserved("ext-claim")? == ["pods/ext"], "not reserved");
+                Ok(())
+            })
+            .await;
+            s.set_pod_phase("ext", "Succeeded").await;
+        },
+        |s| {
+            ensure!(s.claims.is_empty(), "{} claims left", s.claims.len());
+            Ok(())
+        },
+        same,
+    )
+    .await;
+}
+
+/// Beyond (contract, "Pod work"): when a running pod's recorded claim is
+/// deleted, ours creates a replacement at once; the reference keeps
+/// pointing at the deleted name (its own cache remembers creating it, for
+/// up to an hour). This scenario checks that the outcomes differ in exactly
+/// that way and are the same otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_deleted_claim_of_running_pod() {
+    let Some(p) = Pair::new("differential_deleted_claim_of_running_pod").await else {
+        return;
+    };
+    p.run(
+        async |s: &Side| {
+            s.create_template("tmpl").await;
+            s.create_pod("victim", &[("gpu", Source::Template("tmpl"))], None)
+                .await;
+            let first = s.recorded_claim("victim", "gpu").await;
+            s.claims()
+                .delete(&first, &DeleteParams::default())
+                .await
+                .unwrap_or_else(|e| panic!("{}: delete claim {first}: {e}", s.who));
+            s.wait_until("the deletion to be seen", |s| {
+                ensure!(s.deleted_claims.len() == 1, "not yet");
+                Ok(())
+            })
+            .await;
+        },
+        // Either side: the deletion is through; ours has also replaced it.
+        |s| {
+            ensure!(s.deleted_claims.len() == 1, "not deleted yet");
+            Ok(())
+        },
+        |s| {
+            // Our replacement, recorded in place of the deleted claim.
+            let replacement = s.recorded("victim", "gpu").unwrap_or_else(|e| {
+                panic!("ours must have replaced the deleted claim at once: {e:#}")
+            });
+            let deleted = format!(
+                "{}{DELETED}",
+                s.deleted_claims[0]["name"].as_str().unwrap_or_default()
+            );
+            s.claims.retain(|c| c["name"] != replacement.as_str());
+            for pod in &mut s.pods {
+                for status in pod["resourceClaimStatuses"]
+                    .as_array_mut()
+                    .into_iter()
+                    .flatten()
+                {
+                    status["resourceClaimName"] = json!(deleted);
+                }
+            }
+            vec![format!(
+                "ours replaced the deleted claim of the running pod at once ({replacement}); \
+                 the reference keeps recording the deleted one"
+            )]
+        },
+    )
+    .await;
+}
+
+#[test]
+fn line_diff_shows_changes_with_context() {
+    let want = "a\nb\nc\nd\ne\nf\ng\nh";
+    let got = "a\nb\nc\nX\ne\nf\ng\nh\ni";
+    assert_eq!(
+        line_diff(want, got),
+        "  ...\n  b\n  c\n- d\n+ X\n  e\n  f\n  g\n  h\n+ i\n"
+    );
+    assert!(!line_diff("same", "same").contains(['+', '-']));
+}

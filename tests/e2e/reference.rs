@@ -1,0 +1,120 @@
+//! The reference: kube-controller-manager running only its
+//! `resourceclaim-controller`, against a test API server with the admin
+//! kubeconfig and no leader election. Found beside `kube-apiserver`; where
+//! it is absent, the tests that need it skip.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+
+use crate::cluster::{Binaries, Cluster, free_port};
+use crate::procs::Proc;
+
+pub const SKIP_REASON: &str =
+    "no kube-controller-manager beside kube-apiserver (set KUBEBUILDER_ASSETS)";
+
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `kube-controller-manager` in the directory of `kube-apiserver`, if it is
+/// there and executable.
+pub fn binary(bins: &Binaries) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = bins.apiserver.with_file_name("kube-controller-manager");
+    path.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .then_some(path)
+}
+
+/// A running kube-controller-manager.
+#[derive(Debug)]
+pub struct Reference {
+    pub proc: Proc,
+    pub port: u16,
+}
+
+impl Reference {
+    /// Starts it and waits until its secure port answers `/healthz` with `ok`.
+    pub async fn start(binary: &Path, cluster: &Cluster) -> anyhow::Result<Self> {
+        let mut last_err = anyhow::anyhow!("kube-controller-manager never started");
+        // The port is picked before the process binds it: retry if another
+        // process took it meanwhile.
+        for attempt in 0..3 {
+            let port = free_port();
+            let log = cluster
+                .dir
+                .join(format!("kube-controller-manager-{attempt}.log"));
+            let proc = Proc::spawn(
+                "kube-controller-manager",
+                binary,
+                &flags(cluster, port),
+                &log,
+            )?;
+            match wait_healthy(&proc, port).await {
+                Ok(()) => return Ok(Self { proc, port }),
+                Err(e) if proc.exited().is_some() => last_err = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err)
+    }
+
+    /// The log lines that contain `needle` (the last `max` of them).
+    pub fn grep(&self, needle: &str, max: usize) -> String {
+        crate::procs::grep(&self.proc.log, needle, max)
+    }
+}
+
+/// Only the resourceclaim-controller, as the admin (no per-controller
+/// service accounts: no token controller runs here), serving health and
+/// metrics on loopback without authentication.
+fn flags(cluster: &Cluster, port: u16) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", cluster.admin_kubeconfig.display()),
+        "--controllers=resourceclaim-controller".into(),
+        "--leader-elect=false".into(),
+        "--use-service-account-credentials=false".into(),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        format!("--cert-dir={}", cluster.dir.join("kcm-certs").display()),
+        "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics".into(),
+        "--authentication-skip-lookup".into(),
+        // Same budget as ours in the e2e harness, so neither waits on its
+        // client rate limiter.
+        "--kube-api-qps=500".into(),
+        "--kube-api-burst=1000".into(),
+        // Decisions of the controller (claim created, reservation removed…).
+        "--v=5".into(),
+    ]
+}
+
+async fn wait_healthy(proc: &Proc, port: u16) -> anyhow::Result<()> {
+    let mut config = kube::Config::new(format!("https://127.0.0.1:{port}").parse()?);
+    // The secure port serves a self-signed certificate.
+    config.accept_invalid_certs = true;
+    let client = kube::Client::try_from(config)?;
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if let Some(status) = proc.exited() {
+            bail!(
+                "kube-controller-manager exited ({status}):\n{}",
+                proc.log_tail(30)
+            );
+        }
+        let req = http::Request::get("/healthz").body(Vec::new())?;
+        if client
+            .request_text(req)
+            .await
+            .is_ok_and(|b| b.trim() == "ok")
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "kube-controller-manager /healthz not ok after {READY_TIMEOUT:?}:\n{}",
+                proc.log_tail(30)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
