@@ -82,7 +82,13 @@ pub async fn build_client(
     opts: &ClientOptions,
     registry: &Registry,
 ) -> anyhow::Result<kube::Client> {
-    let config = load_config(opts).await?;
+    let mut config = load_config(opts).await?;
+    // No retries inside the client. kube's default policy re-sends any
+    // request, POST included, on 429/503/504: a create that committed before
+    // a 504 came back would then make a second claim. Its retries would also
+    // sit below our limiter and spend no tokens. Failed syncs are retried by
+    // the work queue with backoff, on fresh state, instead.
+    config.default_retry = false;
 
     let metrics = ClientMetrics::new();
     metrics

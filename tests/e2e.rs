@@ -20,6 +20,12 @@ mod helm;
 mod cluster;
 #[path = "e2e/ctx.rs"]
 mod ctx;
+#[path = "e2e/fault_proxy.rs"]
+mod fault_proxy;
+#[path = "e2e/faults.rs"]
+mod faults;
+#[path = "e2e/invariants.rs"]
+mod invariants;
 #[path = "e2e/k8s.rs"]
 mod k8s;
 #[path = "e2e/pki.rs"]
@@ -33,6 +39,15 @@ mod rbac;
 #[path = "e2e/replica.rs"]
 mod replica;
 
+#[path = "e2e/faults_api.rs"]
+mod faults_api;
+#[path = "e2e/faults_input.rs"]
+mod faults_input;
+#[path = "e2e/faults_races.rs"]
+mod faults_races;
+#[path = "e2e/faults_restarts.rs"]
+mod faults_restarts;
+
 #[path = "e2e/scenarios_claims.rs"]
 mod scenarios_claims;
 #[path = "e2e/scenarios_gates.rs"]
@@ -41,3 +56,11 @@ mod scenarios_gates;
 mod scenarios_reservations;
 #[path = "e2e/scenarios_scale.rs"]
 mod scenarios_scale;
+
+#[path = "e2e/reference.rs"]
+mod reference;
+
+#[path = "e2e/differential.rs"]
+mod differential;
+#[path = "e2e/handover.rs"]
+mod handover;

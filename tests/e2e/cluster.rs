@@ -188,6 +188,97 @@ impl Cluster {
     pub async fn admin_client(&self) -> anyhow::Result<kube::Client> {
         client_from(&self.admin_kubeconfig).await
     }
+
+    /// The API server's URL, as the kubeconfigs name it.
+    pub fn url(&self) -> anyhow::Result<String> {
+        let port = self
+            .apiserver
+            .flag("--secure-port")
+            .context("kube-apiserver started without --secure-port")?;
+        Ok(format!("https://127.0.0.1:{port}"))
+    }
+
+    /// The CA that signed the API server's serving certificate.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("pki").join("ca.crt")
+    }
+
+    /// SIGKILLs kube-apiserver, waits `downtime`, and starts it again with the
+    /// same flags (same port, certificates and etcd), until /readyz says ok.
+    /// Returns how long it was unavailable.
+    pub async fn restart_apiserver(&mut self, downtime: Duration) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        self.apiserver.kill();
+        tokio::time::sleep(downtime).await;
+        self.apiserver = self.apiserver.spawn_again()?;
+        self.wait_apiserver_ready().await?;
+        Ok(started.elapsed())
+    }
+
+    /// SIGKILLs etcd, waits `downtime`, and starts it again on the same ports
+    /// and data directory; returns once the API server is ready again.
+    pub async fn restart_etcd(&mut self, downtime: Duration) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        let url = self
+            .etcd
+            .flag("--listen-client-urls")
+            .context("etcd started without --listen-client-urls")?
+            .to_string();
+        let addr: SocketAddr = url.trim_start_matches("http://").parse()?;
+        self.etcd.kill();
+        tokio::time::sleep(downtime).await;
+        self.etcd = self.etcd.spawn_again()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.etcd.exited() {
+                bail!(
+                    "etcd exited after restart ({status}):\n{}",
+                    self.etcd.log_tail(20)
+                );
+            }
+            if let Ok((200, body)) = rawhttp::get(addr, "/health").await
+                && body.contains("true")
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "etcd not healthy 30s after restart:\n{}",
+                    self.etcd.log_tail(20)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.wait_apiserver_ready().await?;
+        Ok(started.elapsed())
+    }
+
+    /// Waits until the API server's /readyz says ok (which includes etcd).
+    pub async fn wait_apiserver_ready(&self) -> anyhow::Result<()> {
+        let client = self.admin_client().await?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = self.apiserver.exited() {
+                bail!(
+                    "kube-apiserver exited ({status}):\n{}",
+                    self.apiserver.log_tail(30)
+                );
+            }
+            let req = http::Request::get("/readyz").body(Vec::new())?;
+            let probe = match client.request_text(req).await {
+                Ok(body) if body.trim() == "ok" => return Ok(()),
+                Ok(body) => body,
+                Err(e) => e.to_string(),
+            };
+            if Instant::now() > deadline {
+                bail!(
+                    "kube-apiserver not ready after {READY_TIMEOUT:?} (last /readyz: {probe}):\n{}",
+                    self.apiserver.log_tail(30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 }
 
 impl Drop for Cluster {

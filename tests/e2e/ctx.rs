@@ -218,6 +218,15 @@ impl TestCtx {
         self.replicas().iter().map(|r| r.restarts()).sum()
     }
 
+    /// The replicas the test has not stopped (SIGKILLed or SIGTERMed for good).
+    pub fn live_replicas(&self) -> Vec<Arc<Replica>> {
+        self.replicas()
+            .into_iter()
+            .filter(|r| !r.is_stopped())
+            .cloned()
+            .collect()
+    }
+
     /// The process of the shared controller, or of the first replica of an
     /// isolated server that the test has not stopped.
     pub fn controller(&self) -> Arc<Controller> {
@@ -308,6 +317,22 @@ impl Isolated {
     pub async fn start_controller(&mut self) -> anyhow::Result<Arc<Replica>> {
         self.started += 1;
         let spec = ControllerSpec::new(&self.cluster, &self.opts, &self.started.to_string());
+        let r = Replica::start(spec).await?;
+        self.controllers.push(r.clone());
+        Ok(r)
+    }
+
+    /// Like [`Isolated::start_controller`], but the process talks to the
+    /// API server through `kubeconfig` (e.g. one pointing at a proxy).
+    pub async fn start_controller_with_kubeconfig(
+        &mut self,
+        kubeconfig: &std::path::Path,
+    ) -> anyhow::Result<Arc<Replica>> {
+        self.started += 1;
+        let spec = ControllerSpec {
+            kubeconfig: kubeconfig.to_path_buf(),
+            ..ControllerSpec::new(&self.cluster, &self.opts, &self.started.to_string())
+        };
         let r = Replica::start(spec).await?;
         self.controllers.push(r.clone());
         Ok(r)

@@ -61,6 +61,16 @@ pub struct Proc {
     pub log: PathBuf,
     child: Mutex<Child>,
     pid: u32,
+    /// How it was started, so [`Proc::spawn_again`] can start it the same way.
+    command: Launch,
+}
+
+/// The command line and environment a [`Proc`] was started with.
+#[derive(Debug, Clone)]
+struct Launch {
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Proc {
@@ -105,7 +115,47 @@ impl Proc {
             log: log.to_path_buf(),
             child: Mutex::new(child),
             pid,
+            command: Launch {
+                program: program.to_path_buf(),
+                args: args.to_vec(),
+                env: env
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            },
         })
+    }
+
+    /// Starts the same command again (same flags, so the same ports and data
+    /// directory), appending to the same log. The caller stops this one
+    /// first; a restart is "kill, maybe wait, `spawn_again`".
+    pub fn spawn_again(&self) -> anyhow::Result<Self> {
+        use std::io::Write;
+        if let Ok(mut f) = File::options().append(true).open(&self.log) {
+            let _ = writeln!(f, "==== e2e: {} started again ====", self.name);
+        }
+        let env: Vec<(&str, &str)> = self
+            .command
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        Self::spawn_with_env(
+            &self.name,
+            &self.command.program,
+            &self.command.args,
+            &env,
+            &self.log,
+        )
+    }
+
+    /// The value of the `--flag=value` the process was started with.
+    pub fn flag(&self, flag: &str) -> Option<&str> {
+        let prefix = format!("{flag}=");
+        self.command
+            .args
+            .iter()
+            .find_map(|a| a.strip_prefix(prefix.as_str()))
     }
 
     pub fn pid(&self) -> u32 {

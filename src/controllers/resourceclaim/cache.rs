@@ -194,6 +194,9 @@ pub struct Caches {
     created: Mutex<HashMap<String, (Arc<ClaimView>, Instant)>>,
     /// UIDs of pods seen deleted recently.
     pub deleted_pods: UidLru,
+    /// (pod UID, entry) whose last create failed in a way that may have
+    /// committed it anyway (5xx, timeout, lost connection).
+    uncertain_creates: Mutex<HashSet<(String, String)>>,
 }
 
 impl Default for Caches {
@@ -216,6 +219,7 @@ impl Caches {
             templates: Store::new(Vec::new()),
             created: Mutex::new(HashMap::new()),
             deleted_pods: UidLru::new(500),
+            uncertain_creates: Mutex::new(HashSet::new()),
         }
     }
 
@@ -241,6 +245,26 @@ impl Caches {
             }
         }
         claims
+    }
+
+    /// Notes that a create for this pod entry may have committed although it
+    /// failed; the next attempt asks the API server before creating again.
+    pub fn mark_uncertain_create(&self, pod_uid: &str, entry: &str) {
+        let mut set = self.uncertain_creates.lock().unwrap();
+        // Bounded: a flood of failures must not grow memory without limit;
+        // forgetting only costs the extra check.
+        if set.len() >= 10_000 {
+            set.clear();
+        }
+        set.insert((pod_uid.to_string(), entry.to_string()));
+    }
+
+    /// Takes the "uncertain" mark of a pod entry, if it has one.
+    pub fn take_uncertain_create(&self, pod_uid: &str, entry: &str) -> bool {
+        self.uncertain_creates
+            .lock()
+            .unwrap()
+            .remove(&(pod_uid.to_string(), entry.to_string()))
     }
 
     /// Remembers a claim this process created, until the watch shows it.
@@ -372,6 +396,16 @@ mod tests {
         caches.forget_created("ns/p-gpu-x");
         assert_eq!(caches.created_len(), 0);
         assert_eq!(caches.claims_owned_by("u1").len(), 1);
+    }
+
+    #[test]
+    fn uncertain_create_marks_are_taken_once() {
+        let caches = Caches::new();
+        assert!(!caches.take_uncertain_create("u1", "gpu"));
+        caches.mark_uncertain_create("u1", "gpu");
+        assert!(!caches.take_uncertain_create("u1", "other"));
+        assert!(caches.take_uncertain_create("u1", "gpu"));
+        assert!(!caches.take_uncertain_create("u1", "gpu"));
     }
 
     #[test]

@@ -252,7 +252,7 @@ pub async fn execute(ctx: &Context, pod: &PodView, decision: PodDecision) -> any
                 entry,
                 claim,
                 admin_access,
-            } => match create_claim(ctx, ns, &claim).await {
+            } => match create_unless_committed(ctx, pod, &entry, &claim).await {
                 Ok(claim) => {
                     ctx.metrics.record_create(true, admin_access);
                     info!(pod = %format!("{ns}/{name}"), entry = %entry, claim = %claim.name(), "created claim");
@@ -263,6 +263,9 @@ pub async fn execute(ctx: &Context, pod: &PodView, decision: PodDecision) -> any
                 }
                 Err(err) => {
                     ctx.metrics.record_create(false, admin_access);
+                    if may_have_committed(&err) {
+                        ctx.caches.mark_uncertain_create(pod.uid(), &entry);
+                    }
                     failures.push((entry, format!("creating ResourceClaim failed: {err}")));
                 }
             },
@@ -326,11 +329,52 @@ pub async fn execute(ctx: &Context, pod: &PodView, decision: PodDecision) -> any
     Ok(())
 }
 
-async fn create_claim(ctx: &Context, ns: &str, claim: &Value) -> anyhow::Result<ClaimView> {
+/// Creates the claim, unless an earlier create for this entry failed in a
+/// way that may have committed it: then the API server is asked first (the
+/// watch may not show that claim yet), and the claim found is returned
+/// instead of making a second one.
+async fn create_unless_committed(
+    ctx: &Context,
+    pod: &PodView,
+    entry: &str,
+    claim: &Value,
+) -> Result<ClaimView, kube::Error> {
+    let ns = pod.namespace();
+    if ctx.caches.take_uncertain_create(pod.uid(), entry) {
+        let api: Api<ClaimView> = Api::namespaced(ctx.client.clone(), ns);
+        let existing = api
+            .list(&kube::api::ListParams::default())
+            .await
+            .inspect_err(|_| {
+                // Still uncertain: ask again next time.
+                ctx.caches.mark_uncertain_create(pod.uid(), entry);
+            })?;
+        if let Some(found) = existing.items.into_iter().find(|c| {
+            is_controlled_by(c.owner_references(), pod.uid())
+                && c.annotation(POD_CLAIM_NAME_ANNOTATION) == Some(entry)
+                && !c.is_deleting()
+        }) {
+            info!(pod = %format!("{ns}/{}", pod.name()), entry, claim = %found.name(), "an earlier create did commit; adopting it");
+            return Ok(found);
+        }
+    }
     let url = ClaimView::url_path(&(), Some(ns));
-    let req =
-        kube::core::Request::new(url).create(&PostParams::default(), serde_json::to_vec(claim)?)?;
-    Ok(ctx.client.request::<ClaimView>(req).await?)
+    let body = serde_json::to_vec(claim).map_err(kube::Error::SerdeError)?;
+    let req = kube::core::Request::new(url)
+        .create(&PostParams::default(), body)
+        .map_err(kube::Error::BuildRequest)?;
+    ctx.client.request::<ClaimView>(req).await
+}
+
+/// Whether a failed create may still have been committed: server errors,
+/// timeouts and lost connections. 4xx answers (429 included) mean the
+/// request was refused before anything was written.
+pub fn may_have_committed(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(status) => status.code >= 500,
+        kube::Error::SerdeError(_) | kube::Error::BuildRequest(_) => false,
+        _ => true,
+    }
 }
 
 /// Server-side apply of `status.resourceClaimStatuses` with our field

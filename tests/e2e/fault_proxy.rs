@@ -1,0 +1,514 @@
+//! A fault-injecting reverse proxy between the controller and the API server.
+//!
+//! It listens on 127.0.0.1 in plain HTTP, forwards every request to the API
+//! server over HTTPS (trusting the harness CA) with the client's own bearer
+//! token, and, according to a [`FaultPlan`], answers a share of the requests
+//! itself instead:
+//!
+//! - ordinary requests: `409 Conflict`, `429 Too Many Requests` (with
+//!   `Retry-After: 1`), `500`, `503`, or held without an answer (~30 s) and
+//!   then dropped, as a server that stopped answering would;
+//! - watch requests never get those. Instead a share is answered the way
+//!   kube-apiserver answers a watch from a resourceVersion it no longer has
+//!   (HTTP 200 and one `ERROR` event carrying a `410 Expired` Status, which
+//!   makes kube-runtime's watcher relist), a share with a bare HTTP 410
+//!   (kube-apiserver never answers a watch that way; kube-runtime 5 treats
+//!   it as a failed watch start and retries the same resourceVersion, so
+//!   this only checks that the watcher recovers), and a share of the
+//!   forwarded watch streams is cut mid-stream after a few seconds (the
+//!   client sees an unexpected EOF and resumes from its last version);
+//! - optionally, claim creations are forwarded but their answer replaced by
+//!   an error: the claim exists, the controller does not know it.
+//!
+//! Every fault is counted by kind, so a test can say what it survived.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use http::{Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Bytes, Frame, Incoming};
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rand::Rng;
+use serde_json::json;
+use tokio::net::TcpListener;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type ProxyBody = BoxBody<Bytes, BoxError>;
+type Upstream = HttpClient<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Shares are per mille of the requests of their class.
+#[derive(Debug, Clone, Default)]
+pub struct FaultPlan {
+    /// Ordinary (non-watch) requests answered `409 Conflict`.
+    pub conflict: u32,
+    /// … answered `429` with `Retry-After: 1`.
+    pub too_many: u32,
+    /// … answered `500`.
+    pub internal: u32,
+    /// … answered `503`.
+    pub unavailable: u32,
+    /// … held for `hold_for`, then the connection is dropped unanswered.
+    pub hold: u32,
+    pub hold_for: Duration,
+    /// Watch requests answered with HTTP 200 and a `410 Expired` ERROR event.
+    pub gone_event: u32,
+    /// Watch requests answered with a bare HTTP 410.
+    pub gone_http: u32,
+    /// Forwarded watch streams cut after a random time in `cut_after`.
+    pub cut: u32,
+    pub cut_after: (Duration, Duration),
+    /// Every watch event reaches the client this much later than the API
+    /// server sent it (a lagging watch, as under load).
+    pub watch_lag: Duration,
+    /// Claim creations (POST …/resourceclaims) forwarded, so the claim is
+    /// created, but answered with `lost_create_code` instead of the real
+    /// answer: a response lost after the write committed.
+    pub lost_create: u32,
+    pub lost_create_code: u16,
+    /// Requests whose path contains one of these are never faulted.
+    pub spare: Vec<String>,
+}
+
+/// Faults injected so far, by kind.
+#[derive(Debug, Default)]
+pub struct FaultCounts {
+    pub requests: AtomicU64,
+    pub watches: AtomicU64,
+    pub conflict: AtomicU64,
+    pub too_many: AtomicU64,
+    pub internal: AtomicU64,
+    pub unavailable: AtomicU64,
+    pub hold: AtomicU64,
+    pub gone_event: AtomicU64,
+    pub gone_http: AtomicU64,
+    pub cut: AtomicU64,
+    pub lost_create: AtomicU64,
+    /// Requests that could not be forwarded (API server down).
+    pub upstream_errors: AtomicU64,
+}
+
+/// A snapshot of [`FaultCounts`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Counted {
+    pub requests: u64,
+    pub watches: u64,
+    pub conflict: u64,
+    pub too_many: u64,
+    pub internal: u64,
+    pub unavailable: u64,
+    pub hold: u64,
+    pub gone_event: u64,
+    pub gone_http: u64,
+    pub cut: u64,
+    pub lost_create: u64,
+    pub upstream_errors: u64,
+}
+
+impl FaultCounts {
+    pub fn snapshot(&self) -> Counted {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Counted {
+            requests: g(&self.requests),
+            watches: g(&self.watches),
+            conflict: g(&self.conflict),
+            too_many: g(&self.too_many),
+            internal: g(&self.internal),
+            unavailable: g(&self.unavailable),
+            hold: g(&self.hold),
+            gone_event: g(&self.gone_event),
+            gone_http: g(&self.gone_http),
+            cut: g(&self.cut),
+            lost_create: g(&self.lost_create),
+            upstream_errors: g(&self.upstream_errors),
+        }
+    }
+}
+
+struct State {
+    upstream: Upstream,
+    upstream_url: String,
+    plan: FaultPlan,
+    counts: Arc<FaultCounts>,
+    enabled: AtomicBool,
+}
+
+/// A running proxy; it stops when dropped.
+pub struct FaultProxy {
+    pub addr: SocketAddr,
+    state: Arc<State>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+impl FaultProxy {
+    /// Starts a proxy in front of `upstream_url` (an `https://` URL whose
+    /// certificate `ca` signed), injecting faults per `plan`.
+    pub async fn start(upstream_url: &str, ca: &Path, plan: FaultPlan) -> anyhow::Result<Self> {
+        use rustls::pki_types::{CertificateDer, pem::PemObject};
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(ca)
+            .with_context(|| format!("read CA {}", ca.display()))?
+        {
+            roots.add(cert?)?;
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only()
+            .enable_http1()
+            .build();
+        let upstream = HttpClient::builder(TokioExecutor::new()).build(https);
+
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State {
+            upstream,
+            upstream_url: upstream_url.trim_end_matches('/').to_string(),
+            plan,
+            counts: Arc::default(),
+            enabled: AtomicBool::new(true),
+        });
+        let accept = tokio::spawn(accept_loop(listener, state.clone()));
+        Ok(Self {
+            addr,
+            state,
+            accept,
+        })
+    }
+
+    pub fn counts(&self) -> Counted {
+        self.state.counts.snapshot()
+    }
+
+    /// Turns fault injection on or off; requests are forwarded either way.
+    pub fn set_enabled(&self, on: bool) {
+        self.state.enabled.store(on, Ordering::SeqCst);
+    }
+
+    /// Writes a kubeconfig that reaches the API server through this proxy,
+    /// with the bearer token of the user in `original` (plain HTTP to the
+    /// proxy: the token only travels over loopback).
+    pub fn write_kubeconfig(&self, original: &Path, out: &Path) -> anyhow::Result<PathBuf> {
+        let kc: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(original)?)?;
+        let user = &kc["users"][0];
+        let name = user["name"].as_str().context("kubeconfig without a user")?;
+        let token = user["user"]["token"]
+            .as_str()
+            .context("kubeconfig user without a token")?;
+        let doc = json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "proxy", "cluster": {"server": format!("http://{}", self.addr)}}],
+            "users": [{"name": name, "user": {"token": token}}],
+            "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": name}}],
+            "current-context": "proxy",
+        });
+        std::fs::write(out, serde_yaml::to_string(&doc)?)?;
+        Ok(out.to_path_buf())
+    }
+}
+
+async fn accept_loop(listener: TcpListener, state: Arc<State>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            // Out of file descriptors or similar: do not spin.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| handle(state.clone(), req));
+            // Errors here are the faults themselves (held requests dropped,
+            // watches cut) or the client going away.
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// What to do with one request.
+enum Verdict {
+    Forward { cut_after: Option<Duration> },
+    ForwardThenFail(StatusCode),
+    Status(StatusCode, &'static str),
+    Hold(Duration),
+    GoneEvent,
+}
+
+fn is_watch(req: &Request<Incoming>) -> bool {
+    req.uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"))
+}
+
+fn decide(state: &State, method: &http::Method, path: &str, watch: bool) -> Verdict {
+    let plan = &state.plan;
+    let c = &state.counts;
+    if !state.enabled.load(Ordering::SeqCst) || plan.spare.iter().any(|s| path.contains(s)) {
+        return Verdict::Forward { cut_after: None };
+    }
+    let mut rng = rand::rng();
+    let roll = rng.random_range(0..1000u32);
+    let bump = |a: &AtomicU64| {
+        a.fetch_add(1, Ordering::Relaxed);
+    };
+    if watch {
+        let mut edge = plan.gone_event;
+        if roll < edge {
+            bump(&c.gone_event);
+            return Verdict::GoneEvent;
+        }
+        edge += plan.gone_http;
+        if roll < edge {
+            bump(&c.gone_http);
+            return Verdict::Status(StatusCode::GONE, "Expired");
+        }
+        let cut = rng.random_range(0..1000u32) < plan.cut;
+        let (lo, hi) = plan.cut_after;
+        let after = cut.then(|| {
+            if hi > lo {
+                rng.random_range(lo..hi)
+            } else {
+                lo
+            }
+        });
+        return Verdict::Forward { cut_after: after };
+    }
+    let table = [
+        (plan.conflict, &c.conflict, StatusCode::CONFLICT, "Conflict"),
+        (
+            plan.too_many,
+            &c.too_many,
+            StatusCode::TOO_MANY_REQUESTS,
+            "TooManyRequests",
+        ),
+        (
+            plan.internal,
+            &c.internal,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+        ),
+        (
+            plan.unavailable,
+            &c.unavailable,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+        ),
+    ];
+    let mut edge = 0;
+    for (share, counter, code, reason) in table {
+        edge += share;
+        if roll < edge {
+            bump(counter);
+            return Verdict::Status(code, reason);
+        }
+    }
+    edge += plan.hold;
+    if roll < edge {
+        bump(&c.hold);
+        return Verdict::Hold(plan.hold_for);
+    }
+    if method == http::Method::POST
+        && path.ends_with("/resourceclaims")
+        && rng.random_range(0..1000u32) < plan.lost_create
+    {
+        bump(&c.lost_create);
+        let code = StatusCode::from_u16(plan.lost_create_code)
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return Verdict::ForwardThenFail(code);
+    }
+    Verdict::Forward { cut_after: None }
+}
+
+fn status_json(code: StatusCode, reason: &str) -> serde_json::Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("injected by the e2e fault proxy: {reason}"),
+        "reason": reason,
+        "code": code.as_u16(),
+    })
+}
+
+fn full(body: impl Into<Bytes>) -> ProxyBody {
+    Full::new(body.into()).map_err(|e| match e {}).boxed()
+}
+
+async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, BoxError> {
+    let watch = is_watch(&req);
+    let counts = &state.counts;
+    counts.requests.fetch_add(1, Ordering::Relaxed);
+    if watch {
+        counts.watches.fetch_add(1, Ordering::Relaxed);
+    }
+    match decide(&state, req.method(), req.uri().path(), watch) {
+        Verdict::Status(code, reason) => {
+            let mut resp = Response::builder()
+                .status(code)
+                .header(header::CONTENT_TYPE, "application/json");
+            if code == StatusCode::TOO_MANY_REQUESTS {
+                resp = resp.header(header::RETRY_AFTER, "1");
+            }
+            Ok(resp.body(full(status_json(code, reason).to_string()))?)
+        }
+        Verdict::GoneEvent => {
+            let event = json!({
+                "type": "ERROR",
+                "object": status_json(StatusCode::GONE, "Expired"),
+            });
+            Ok(Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(full(format!("{event}\n")))?)
+        }
+        Verdict::Hold(d) => {
+            tokio::time::sleep(d).await;
+            // An error ends the connection without an answer.
+            Err("held request dropped by the e2e fault proxy".into())
+        }
+        Verdict::ForwardThenFail(code) => {
+            // The write happens; its answer is replaced, as when a response
+            // is lost or the server timed out after committing.
+            let _ = forward(&state, req).await;
+            let reason = if code == StatusCode::GATEWAY_TIMEOUT {
+                "Timeout"
+            } else {
+                "InternalError"
+            };
+            Ok(Response::builder()
+                .status(code)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(full(status_json(code, reason).to_string()))?)
+        }
+        Verdict::Forward { cut_after } => match forward(&state, req).await {
+            Ok(resp) if watch => {
+                let (lag, counts) = (state.plan.watch_lag, state.counts.clone());
+                Ok(resp.map(|body| watch_body(body, cut_after, lag, counts)))
+            }
+            Ok(resp) => Ok(resp.map(|b| b.map_err(BoxError::from).boxed())),
+            Err(e) => {
+                counts.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                // What a load balancer in front of a dead server says.
+                let body = status_json(StatusCode::BAD_GATEWAY, "BadGateway");
+                let _ = e;
+                Ok(Response::builder()
+                    .status(StatusCode::BAD_GATEWAY)
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(full(body.to_string()))?)
+            }
+        },
+    }
+}
+
+/// Headers that describe one hop, not the message.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "host",
+];
+
+async fn forward(state: &State, req: Request<Incoming>) -> Result<Response<Incoming>, BoxError> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await?.to_bytes();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let mut out = Request::builder()
+        .method(parts.method)
+        .uri(format!("{}{path}", state.upstream_url));
+    for (name, value) in &parts.headers {
+        if !HOP_BY_HOP.contains(&name.as_str()) {
+            out = out.header(name, value);
+        }
+    }
+    let resp = state.upstream.request(out.body(Full::new(body))?).await?;
+    let (mut parts, body) = resp.into_parts();
+    for name in HOP_BY_HOP {
+        parts.headers.remove(*name);
+    }
+    Ok(Response::from_parts(parts, body))
+}
+
+/// A forwarded watch stream: each event delivered `lag` after the API
+/// server sent it, and, with `cut_after`, the stream ended with an error
+/// then, so the client sees it break off mid-message as when a connection
+/// dies.
+fn watch_body(
+    body: Incoming,
+    cut_after: Option<Duration>,
+    lag: Duration,
+    counts: Arc<FaultCounts>,
+) -> ProxyBody {
+    type Item = (Instant, Result<Frame<Bytes>, hyper::Error>);
+    // A reader stamps frames as they arrive, so the lag is a constant
+    // latency, not one that adds up over a burst of events.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Item>();
+    tokio::spawn(async move {
+        let mut body = body;
+        loop {
+            let frame = tokio::select! {
+                f = body.frame() => f,
+                _ = tx.closed() => return,
+            };
+            let Some(frame) = frame else { return };
+            let end = frame.is_err();
+            if tx.send((Instant::now(), frame)).is_err() || end {
+                return;
+            }
+        }
+    });
+    // No cut: a deadline that never comes within a test.
+    let deadline = Box::pin(tokio::time::sleep(
+        cut_after.unwrap_or(Duration::from_secs(24 * 3600)),
+    ));
+    let stream = futures::stream::unfold(Some((rx, deadline)), move |state| {
+        let counts = counts.clone();
+        async move {
+            let (mut rx, mut deadline) = state?;
+            tokio::select! {
+                item = rx.recv() => match item? {
+                    (at, Ok(f)) => {
+                        tokio::time::sleep_until((at + lag).into()).await;
+                        Some((Ok::<Frame<Bytes>, BoxError>(f), Some((rx, deadline))))
+                    }
+                    (_, Err(e)) => Some((Err(e.into()), None)),
+                },
+                _ = &mut deadline => {
+                    counts.cut.fetch_add(1, Ordering::Relaxed);
+                    Some((Err("watch cut by the e2e fault proxy".into()), None))
+                }
+            }
+        }
+    });
+    BodyExt::boxed(StreamBody::new(stream))
+}

@@ -1,0 +1,196 @@
+//! A batch through a faulty API: the controller talks to the API server
+//! through the fault proxy, which answers a share of its requests with
+//! 409/429/500/503 or holds them, cuts its watches and answers some with
+//! `410 Gone`. Nothing may be lost or doubled.
+
+use std::time::Duration;
+
+use crate::cluster::ControllerOpts;
+use crate::ctx::TestCtx;
+use crate::fault_proxy::{FaultPlan, FaultProxy};
+use crate::faults::{Batch, Phases, Tally, check_quiet, relists};
+use crate::invariants::{Expect, Ledger};
+
+const PODS: usize = 100;
+
+fn plan() -> FaultPlan {
+    FaultPlan {
+        conflict: 40,
+        too_many: 30,
+        internal: 40,
+        unavailable: 30,
+        hold: 2,
+        hold_for: Duration::from_secs(30),
+        gone_event: 150,
+        gone_http: 50,
+        cut: 1000,
+        cut_after: (Duration::from_secs(1), Duration::from_secs(5)),
+        // A held lease renewal ends leadership by design (the process exits
+        // and is restarted); that path has tests of its own, this one is
+        // about claim work under faults.
+        spare: vec!["/apis/coordination.k8s.io/".into()],
+        ..FaultPlan::default()
+    }
+}
+
+/// Starts the fault proxy in front of the isolated API server and one
+/// controller that talks only to the proxy, with its own token.
+async fn controller_behind_proxy(t: &mut TestCtx, plan: FaultPlan) -> FaultProxy {
+    let cluster = &t.isolated_env().cluster;
+    let url = cluster.url().expect("API server URL");
+    let kubeconfig = cluster.dir.join("controller-via-proxy.kubeconfig");
+    let (ca, original) = (cluster.ca_file(), cluster.controller_kubeconfig.clone());
+    let proxy = FaultProxy::start(&url, &ca, plan)
+        .await
+        .expect("start the fault proxy");
+    proxy
+        .write_kubeconfig(&original, &kubeconfig)
+        .expect("write the proxy kubeconfig");
+    t.isolated_env()
+        .start_controller_with_kubeconfig(&kubeconfig)
+        .await
+        .expect("start the controller behind the proxy");
+    proxy
+}
+
+/// 100 pods × 2 template entries (a quarter pre-scheduled), allocated,
+/// reserved, then all done, with about one ordinary request in seven
+/// failing and every watch cut or refused sooner or later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_through_faulty_api() {
+    const NAME: &str = "batch_through_faulty_api";
+    let Some(mut t) = TestCtx::isolated(NAME, ControllerOpts::default(), 0).await else {
+        return;
+    };
+    let proxy = controller_behind_proxy(&mut t, plan()).await;
+
+    let phases = Phases::start(NAME);
+    let ledger = Ledger::start(&t).await;
+    let batch = Batch {
+        pods: PODS,
+        prescheduled_every: 4,
+    };
+    batch.create_templates(&t).await;
+    batch.create_pods(&t).await;
+    batch.wait_all_recorded(&t).await;
+    phases.done("all claims recorded");
+    let created = check_quiet(&t, "after creation", &Expect::default(), &ledger).await;
+
+    let had_consumers = batch.allocate(&t).await;
+    batch.wait_prescheduled_reserved(&t).await;
+    phases.done("claims allocated and reserved");
+    batch.mark_done(&t).await;
+    let expect = Expect {
+        had_consumers,
+        ..Expect::default()
+    };
+    let done = check_quiet(&t, "after all pods are done", &expect, &ledger).await;
+    phases.done("all claims released");
+
+    // Faults off: whatever converged under faults must stay put.
+    proxy.set_enabled(false);
+    let after = check_quiet(&t, "with faults off", &expect, &ledger).await;
+
+    let counts = proxy.counts();
+    let violations = created.violations.len() + done.violations.len() + after.violations.len();
+    Tally {
+        violations,
+        ..Tally::from_proxy(&counts)
+    }
+    .with("gone_event", counts.gone_event)
+    .with("gone_http", counts.gone_http)
+    .with("requests", counts.requests)
+    .with("watches", counts.watches)
+    .with("upstream_errors", counts.upstream_errors)
+    .with("relists", relists(&t))
+    .with("claims_seen", ledger.claims_seen())
+    .with("ctl_restarts", t.restarts())
+    .print(NAME);
+
+    assert!(created.ok(), "after creation: {created}");
+    assert!(done.ok(), "after all pods are done: {done}");
+    assert!(after.ok(), "with faults off: {after}");
+    let injected = counts.conflict
+        + counts.too_many
+        + counts.internal
+        + counts.unavailable
+        + counts.hold
+        + counts.cut
+        + counts.gone_event
+        + counts.gone_http;
+    assert!(injected > 0, "the proxy injected no fault: {counts:?}");
+    assert_eq!(
+        ledger.claims_seen(),
+        PODS * 2,
+        "every (pod, entry) got exactly one claim over the whole scenario"
+    );
+    t.finish();
+}
+
+/// Claim creations that succeed on the server but whose answer the
+/// controller never sees (`code` instead), with watch events arriving
+/// `watch_lag` late: a retry must adopt the claim already made, not create
+/// a second one.
+async fn lost_create_answers(name: &'static str, code: u16, watch_lag: Duration) {
+    let Some(mut t) = TestCtx::isolated(name, ControllerOpts::default(), 0).await else {
+        return;
+    };
+    let plan = FaultPlan {
+        lost_create: 300,
+        lost_create_code: code,
+        watch_lag,
+        ..FaultPlan::default()
+    };
+    let proxy = controller_behind_proxy(&mut t, plan).await;
+
+    let ledger = Ledger::start(&t).await;
+    let batch = Batch {
+        pods: 50,
+        prescheduled_every: 0,
+    };
+    batch.create_templates(&t).await;
+    batch.create_pods(&t).await;
+    batch.wait_all_recorded(&t).await;
+    let report = check_quiet(&t, "after creation", &Expect::default(), &ledger).await;
+    let counts = proxy.counts();
+    Tally {
+        violations: report.violations.len(),
+        ..Tally::default()
+    }
+    .with("lost_create", counts.lost_create)
+    .with("answered", code)
+    .with("watch_lag_ms", watch_lag.as_millis())
+    .with("claims_seen", ledger.claims_seen())
+    .print(name);
+    assert!(report.ok(), "{report}");
+    t.finish();
+}
+
+/// The retry after a lost create comes after a warning event and a 5 ms
+/// backoff; whether the watch has shown the claim by then is a race, which
+/// a loaded API server loses (here made certain with watch events a second
+/// late). Adoption looks only at the cache, so the retry creates a second
+/// claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_create_answer_with_lagging_watch_makes_no_duplicate() {
+    lost_create_answers(
+        "lost_create_answer_with_lagging_watch_makes_no_duplicate",
+        500,
+        Duration::from_secs(1),
+    )
+    .await;
+}
+
+/// kube-apiserver answers 504 when a request outlives its timeout, even
+/// though the write may still commit; so do load balancers. kube's client
+/// retries 504 for every method, POST included, and each retry of a
+/// `generateName` create makes another claim that nobody records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_create_answer_504_makes_no_duplicate() {
+    lost_create_answers(
+        "lost_create_answer_504_makes_no_duplicate",
+        504,
+        Duration::ZERO,
+    )
+    .await;
+}
