@@ -8,7 +8,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, ensure};
+use anyhow::ensure;
 use futures::StreamExt;
 use serde_json::json;
 
@@ -233,7 +233,7 @@ impl Batch {
         futures::stream::iter(jobs)
             .map(|(claim, reserved)| async move {
                 retrying(&format!("allocate claim {claim}"), CONVERGE, || {
-                    allocate(t, &claim, reserved.clone())
+                    t.try_allocate(&claim, reserved.clone())
                 })
                 .await
             })
@@ -311,27 +311,58 @@ impl Batch {
     }
 }
 
-/// [`TestCtx::allocate`] returning errors instead of panicking, so it can
-/// be retried.
-pub async fn allocate(t: &TestCtx, claim: &str, reserved: serde_json::Value) -> anyhow::Result<()> {
-    use kube::api::{Patch, PatchParams};
-    t.claims()
-        .patch(
-            claim,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": [DELETE_PROTECTION_FINALIZER]}})),
-        )
-        .await
-        .with_context(|| format!("add finalizer to {claim}"))?;
-    t.claims()
-        .patch_status(
-            claim,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"allocation": allocation(), "reservedFor": reserved}})),
-        )
-        .await
-        .with_context(|| format!("allocate {claim}"))?;
-    Ok(())
+/// A batch scenario under way: its phase clock, its claim ledger and its
+/// batch (`pods` pods, every fourth pre-scheduled), taken through the
+/// steps the scenarios share; each scenario adds its faults in between.
+pub struct BatchRun {
+    pub phases: Phases,
+    pub ledger: Ledger,
+    pub batch: Batch,
+}
+
+impl BatchRun {
+    /// Starts the phase clock and the ledger and creates the templates.
+    pub async fn start(t: &TestCtx, test: &'static str, pods: usize) -> Self {
+        let phases = Phases::start(test);
+        let ledger = Ledger::start(t).await;
+        let batch = Batch {
+            pods,
+            prescheduled_every: 4,
+        };
+        batch.create_templates(t).await;
+        Self {
+            phases,
+            ledger,
+            batch,
+        }
+    }
+
+    /// Waits until every entry is recorded, then checks the invariants.
+    pub async fn check_created(&self, t: &TestCtx) -> Report {
+        self.batch.wait_all_recorded(t).await;
+        self.phases.done("all claims recorded");
+        check_quiet(t, "after creation", &Expect::default(), &self.ledger).await
+    }
+
+    /// Plays the scheduler and waits until the claims of pre-scheduled pods
+    /// are reserved for them; returns what to expect once all pods are done
+    /// (the claims that had consumers).
+    pub async fn allocate(&self, t: &TestCtx) -> Expect {
+        let had_consumers = self.batch.allocate(t).await;
+        self.batch.wait_prescheduled_reserved(t).await;
+        Expect {
+            had_consumers,
+            ..Expect::default()
+        }
+    }
+
+    /// Checks the invariants once the pods are done (and their claims
+    /// released).
+    pub async fn check_released(&self, t: &TestCtx, expect: &Expect) -> Report {
+        let done = check_quiet(t, "after all pods are done", expect, &self.ledger).await;
+        self.phases.done("all claims released");
+        done
+    }
 }
 
 pub fn is_already_exists(e: &anyhow::Error) -> bool {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::cluster::ControllerOpts;
 use crate::ctx::TestCtx;
 use crate::fault_proxy::{FaultPlan, FaultProxy};
-use crate::faults::{Batch, Phases, Tally, check_quiet, relists};
+use crate::faults::{Batch, BatchRun, Tally, check_quiet, relists};
 use crate::invariants::{Expect, Ledger};
 
 const PODS: usize = 100;
@@ -64,32 +64,18 @@ async fn batch_through_faulty_api() {
     };
     let proxy = controller_behind_proxy(&mut t, plan()).await;
 
-    let phases = Phases::start(NAME);
-    let ledger = Ledger::start(&t).await;
-    let batch = Batch {
-        pods: PODS,
-        prescheduled_every: 4,
-    };
-    batch.create_templates(&t).await;
-    batch.create_pods(&t).await;
-    batch.wait_all_recorded(&t).await;
-    phases.done("all claims recorded");
-    let created = check_quiet(&t, "after creation", &Expect::default(), &ledger).await;
+    let run = BatchRun::start(&t, NAME, PODS).await;
+    run.batch.create_pods(&t).await;
+    let created = run.check_created(&t).await;
 
-    let had_consumers = batch.allocate(&t).await;
-    batch.wait_prescheduled_reserved(&t).await;
-    phases.done("claims allocated and reserved");
-    batch.mark_done(&t).await;
-    let expect = Expect {
-        had_consumers,
-        ..Expect::default()
-    };
-    let done = check_quiet(&t, "after all pods are done", &expect, &ledger).await;
-    phases.done("all claims released");
+    let expect = run.allocate(&t).await;
+    run.phases.done("claims allocated and reserved");
+    run.batch.mark_done(&t).await;
+    let done = run.check_released(&t, &expect).await;
 
     // Faults off: whatever converged under faults must stay put.
     proxy.set_enabled(false);
-    let after = check_quiet(&t, "with faults off", &expect, &ledger).await;
+    let after = check_quiet(&t, "with faults off", &expect, &run.ledger).await;
 
     let counts = proxy.counts();
     let violations = created.violations.len() + done.violations.len() + after.violations.len();
@@ -103,7 +89,7 @@ async fn batch_through_faulty_api() {
     .with("watches", counts.watches)
     .with("upstream_errors", counts.upstream_errors)
     .with("relists", relists(&t))
-    .with("claims_seen", ledger.claims_seen())
+    .with("claims_seen", run.ledger.claims_seen())
     .with("ctl_restarts", t.restarts())
     .print(NAME);
 
@@ -120,7 +106,7 @@ async fn batch_through_faulty_api() {
         + counts.gone_http;
     assert!(injected > 0, "the proxy injected no fault: {counts:?}");
     assert_eq!(
-        ledger.claims_seen(),
+        run.ledger.claims_seen(),
         PODS * 2,
         "every (pod, entry) got exactly one claim over the whole scenario"
     );

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::ensure;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::cluster::ControllerOpts;
@@ -147,44 +147,6 @@ fn plan() -> Plan {
     p
 }
 
-async fn create_gated_templates(t: &TestCtx) {
-    // The API server accepts adminAccess only in namespaces labelled for it.
-    let namespaces: Api<Namespace> = Api::all(t.client.clone());
-    namespaces
-        .patch(
-            &t.ns,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}),
-            ),
-        )
-        .await
-        .expect("label namespace for admin access");
-    t.create_template_with(
-        "tmpl-admin",
-        json!({}),
-        json!({}),
-        json!({"devices": {"requests": [{
-            "name": "req-0",
-            "exactly": {"deviceClassName": DEVICE_CLASS, "adminAccess": true},
-        }]}}),
-    )
-    .await;
-    t.create_template_with(
-        "tmpl-prio",
-        json!({}),
-        json!({}),
-        json!({"devices": {"requests": [{
-            "name": "req-0",
-            "firstAvailable": [
-                {"name": "big", "deviceClassName": DEVICE_CLASS},
-                {"name": "small", "deviceClassName": DEVICE_CLASS},
-            ],
-        }]}}),
-    )
-    .await;
-}
-
 /// Watches (by polling the few labelled pods) when each good pod first has
 /// every entry recorded with an existing claim; returns name → when.
 fn track_good_pods(
@@ -282,7 +244,7 @@ async fn bad_input_at_volume() {
     };
     let phases = Phases::start(NAME);
     let ledger = Ledger::start(&t).await;
-    create_gated_templates(&t).await;
+    t.create_gated_templates("tmpl-admin", "tmpl-prio").await;
     t.create_template(GOOD_TEMPLATE).await;
 
     // An entry with neither resourceClaimName nor resourceClaimTemplateName:

@@ -13,8 +13,8 @@ use rand::Rng;
 
 use crate::cluster::ControllerOpts;
 use crate::ctx::TestCtx;
-use crate::faults::{Batch, CONVERGE, Phases, Tally, check_quiet};
-use crate::invariants::{Expect, Ledger, Report};
+use crate::faults::{Batch, BatchRun, CONVERGE, Tally};
+use crate::invariants::Report;
 use crate::k8s::wait_for;
 
 const PODS: usize = 120;
@@ -76,58 +76,54 @@ async fn batch_with_restarts(name: &'static str, victim: Victim) {
     let Some(mut t) = TestCtx::isolated(name, opts, 1).await else {
         return;
     };
-    let phases = Phases::start(name);
-    let ledger = Ledger::start(&t).await;
-    let batch = Batch {
-        pods: PODS,
-        prescheduled_every: 4,
-    };
-    batch.create_templates(&t).await;
-    batch.create_pods(&t).await;
+    let run = BatchRun::start(&t, name, PODS).await;
+    run.batch.create_pods(&t).await;
     let at = wait_part_way(
         &t,
-        &batch,
+        &run.batch,
         "a quarter of the claims recorded",
         |recorded, _| recorded >= PODS / 2,
     )
     .await;
     restart(&mut t, victim, &at).await;
-    batch.wait_all_recorded(&t).await;
-    phases.done("all claims recorded");
-    let created = check_quiet(&t, "after creation", &Expect::default(), &ledger).await;
+    let created = run.check_created(&t).await;
 
-    let had_consumers = batch.allocate(&t).await;
-    batch.wait_prescheduled_reserved(&t).await;
-    batch.mark_done(&t).await;
+    let expect = run.allocate(&t).await;
+    run.batch.mark_done(&t).await;
     let at = wait_part_way(
         &t,
-        &batch,
+        &run.batch,
         "a quarter of the claims released",
         |_, claims| claims <= PODS * 2 * 3 / 4,
     )
     .await;
     restart(&mut t, victim, &at).await;
-    let expect = Expect {
-        had_consumers,
-        ..Expect::default()
-    };
-    let done = check_quiet(&t, "after all pods are done", &expect, &ledger).await;
-    phases.done("all claims released");
+    let done = run.check_released(&t, &expect).await;
 
-    Tally {
+    let tally = Tally {
         restart: 2,
-        violations: created.violations.len() + done.violations.len(),
         ..Tally::default()
+    };
+    finish(t, name, &run, tally, &created, &done);
+}
+
+/// Prints the scenario's `FAULTS:` line (the faults in `tally`, plus the
+/// violations and counts) and asserts that both checks passed and that
+/// every (pod, entry) got exactly one claim.
+fn finish(t: TestCtx, name: &str, run: &BatchRun, tally: Tally, created: &Report, done: &Report) {
+    Tally {
+        violations: created.violations.len() + done.violations.len(),
+        ..tally
     }
     .with("ctl_restarts", t.restarts())
-    .with("claims_seen", ledger.claims_seen())
+    .with("claims_seen", run.ledger.claims_seen())
     .print(name);
     assert_ok(&[
-        ("after creation", &created),
-        ("after all pods are done", &done),
+        ("after creation", created),
+        ("after all pods are done", done),
     ]);
     assert_eq!(
-        ledger.claims_seen(),
+        run.ledger.claims_seen(),
         PODS * 2,
         "one claim per (pod, entry), ever"
     );
@@ -215,45 +211,18 @@ async fn batch_survives_repeated_sigkill() {
     let Some(t) = TestCtx::isolated(NAME, opts, 1).await else {
         return;
     };
-    let phases = Phases::start(NAME);
-    let ledger = Ledger::start(&t).await;
-    let batch = Batch {
-        pods: PODS,
-        prescheduled_every: 4,
-    };
-    batch.create_templates(&t).await;
-    let (_, mut kills) = tokio::join!(batch.create_pods(&t), kill_repeatedly(&t, 3));
-    batch.wait_all_recorded(&t).await;
-    phases.done("all claims recorded");
-    let created = check_quiet(&t, "after creation", &Expect::default(), &ledger).await;
+    let run = BatchRun::start(&t, NAME, PODS).await;
+    let (_, mut kills) = tokio::join!(run.batch.create_pods(&t), kill_repeatedly(&t, 3));
+    let created = run.check_created(&t).await;
 
-    let had_consumers = batch.allocate(&t).await;
-    batch.wait_prescheduled_reserved(&t).await;
-    let (_, more) = tokio::join!(batch.mark_done(&t), kill_repeatedly(&t, 3));
+    let expect = run.allocate(&t).await;
+    let (_, more) = tokio::join!(run.batch.mark_done(&t), kill_repeatedly(&t, 3));
     kills += more;
-    let expect = Expect {
-        had_consumers,
-        ..Expect::default()
-    };
-    let done = check_quiet(&t, "after all pods are done", &expect, &ledger).await;
-    phases.done("all claims released");
+    let done = run.check_released(&t, &expect).await;
 
-    Tally {
+    let tally = Tally {
         kill: kills as u64,
-        violations: created.violations.len() + done.violations.len(),
         ..Tally::default()
-    }
-    .with("ctl_restarts", t.restarts())
-    .with("claims_seen", ledger.claims_seen())
-    .print(NAME);
-    assert_ok(&[
-        ("after creation", &created),
-        ("after all pods are done", &done),
-    ]);
-    assert_eq!(
-        ledger.claims_seen(),
-        PODS * 2,
-        "one claim per (pod, entry), ever"
-    );
-    t.finish();
+    };
+    finish(t, NAME, &run, tally, &created, &done);
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -202,6 +202,47 @@ impl TestCtx {
             .await
     }
 
+    /// Labels the namespace for `adminAccess` (the API server accepts it
+    /// only in namespaces labelled for it) and creates two templates with
+    /// gated fields: `admin` uses `adminAccess` (DRAAdminAccess), `prio`
+    /// uses `firstAvailable` (DRAPrioritizedList).
+    pub async fn create_gated_templates(&self, admin: &str, prio: &str) {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        namespaces
+            .patch(
+                &self.ns,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}),
+                ),
+            )
+            .await
+            .expect("label namespace for admin access");
+        self.create_template_with(
+            admin,
+            json!({}),
+            json!({}),
+            json!({"devices": {"requests": [{
+                "name": "req-0",
+                "exactly": {"deviceClassName": DEVICE_CLASS, "adminAccess": true},
+            }]}}),
+        )
+        .await;
+        self.create_template_with(
+            prio,
+            json!({}),
+            json!({}),
+            json!({"devices": {"requests": [{
+                "name": "req-0",
+                "firstAvailable": [
+                    {"name": "big", "deviceClassName": DEVICE_CLASS},
+                    {"name": "small", "deviceClassName": DEVICE_CLASS},
+                ],
+            }]}}),
+        )
+        .await;
+    }
+
     /// Creates a pod with one container that uses every claim entry.
     /// `node`: set `spec.nodeName` (a pod placed without the scheduler).
     pub async fn create_pod(
@@ -313,6 +354,18 @@ impl TestCtx {
     /// Does what the scheduler does when it allocates: finalizer first, then
     /// `status.allocation` and `status.reservedFor`.
     pub async fn allocate(&self, claim: &str, reserved_for: Value) -> ResourceClaim {
+        self.try_allocate(claim, reserved_for)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    /// [`TestCtx::allocate`] returning errors instead of panicking, so it
+    /// can be retried.
+    pub async fn try_allocate(
+        &self,
+        claim: &str,
+        reserved_for: Value,
+    ) -> anyhow::Result<ResourceClaim> {
         self.claims()
             .patch(
                 claim,
@@ -320,7 +373,7 @@ impl TestCtx {
                 &Patch::Merge(json!({"metadata": {"finalizers": [DELETE_PROTECTION_FINALIZER]}})),
             )
             .await
-            .unwrap_or_else(|e| panic!("add finalizer to claim {claim}: {e}"));
+            .with_context(|| format!("add finalizer to claim {claim}"))?;
         self.claims()
             .patch_status(
                 claim,
@@ -330,7 +383,7 @@ impl TestCtx {
                 ),
             )
             .await
-            .unwrap_or_else(|e| panic!("allocate claim {claim}: {e}"))
+            .with_context(|| format!("allocate claim {claim}"))
     }
 
     pub async fn claim(&self, name: &str) -> Option<ResourceClaim> {

@@ -5,8 +5,6 @@
 use std::time::Duration;
 
 use anyhow::ensure;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::cluster::ControllerOpts;
@@ -26,42 +24,8 @@ async fn gated_fields_refused_with_gates_off() {
     let Some(t) = TestCtx::isolated("gated_fields_refused_with_gates_off", opts, 1).await else {
         return;
     };
-    // The API server accepts adminAccess only in namespaces labelled for it.
-    let namespaces: Api<Namespace> = Api::all(t.client.clone());
-    namespaces
-        .patch(
-            &t.ns,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}),
-            ),
-        )
-        .await
-        .expect("label namespace for admin access");
-
-    t.create_template_with(
-        "admin-template",
-        json!({}),
-        json!({}),
-        json!({"devices": {"requests": [{
-            "name": "req-0",
-            "exactly": {"deviceClassName": DEVICE_CLASS, "adminAccess": true},
-        }]}}),
-    )
-    .await;
-    t.create_template_with(
-        "prio-template",
-        json!({}),
-        json!({}),
-        json!({"devices": {"requests": [{
-            "name": "req-0",
-            "firstAvailable": [
-                {"name": "big", "deviceClassName": DEVICE_CLASS},
-                {"name": "small", "deviceClassName": DEVICE_CLASS},
-            ],
-        }]}}),
-    )
-    .await;
+    t.create_gated_templates("admin-template", "prio-template")
+        .await;
     let stored = t.templates().get("admin-template").await.unwrap();
     let admin = serde_json::to_value(stored.spec.and_then(|s| s.spec)).unwrap();
     assert_eq!(
