@@ -101,6 +101,19 @@ macro_rules! namespaced_resource {
                 &mut self.metadata
             }
         }
+
+        /// Name, namespace and UID; empty when unset.
+        impl $ty {
+            pub fn name(&self) -> &str {
+                self.metadata.name.as_deref().unwrap_or_default()
+            }
+            pub fn namespace(&self) -> &str {
+                self.metadata.namespace.as_deref().unwrap_or_default()
+            }
+            pub fn uid(&self) -> &str {
+                self.metadata.uid.as_deref().unwrap_or_default()
+            }
+        }
     };
 }
 
@@ -143,15 +156,6 @@ pub struct ExtendedClaimRef {
 namespaced_resource!(PodView, "", "v1", "Pod", "pods");
 
 impl PodView {
-    pub fn name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
-    }
-    pub fn namespace(&self) -> &str {
-        self.metadata.namespace.as_deref().unwrap_or_default()
-    }
-    pub fn uid(&self) -> &str {
-        self.metadata.uid.as_deref().unwrap_or_default()
-    }
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
     }
@@ -238,15 +242,6 @@ namespaced_resource!(
 );
 
 impl ClaimView {
-    pub fn name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
-    }
-    pub fn namespace(&self) -> &str {
-        self.metadata.namespace.as_deref().unwrap_or_default()
-    }
-    pub fn uid(&self) -> &str {
-        self.metadata.uid.as_deref().unwrap_or_default()
-    }
     pub fn is_allocated(&self) -> bool {
         self.status.allocation.is_some()
     }
@@ -304,12 +299,6 @@ namespaced_resource!(
 );
 
 impl TemplateView {
-    pub fn name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
-    }
-    pub fn namespace(&self) -> &str {
-        self.metadata.namespace.as_deref().unwrap_or_default()
-    }
     fn requests(&self) -> impl Iterator<Item = &serde_json::Value> {
         self.spec
             .pointer("/spec/devices/requests")
