@@ -199,21 +199,14 @@ async fn start_reference(binary: &Path, cluster: &Cluster, args: &Args) -> anyho
 /// Only the resourceclaim-controller, with the same budget as ours; the
 /// metrics and health paths need no authentication on loopback.
 fn reference_flags(cluster: &Cluster, args: &Args, port: u16) -> Vec<String> {
-    vec![
-        format!("--kubeconfig={}", cluster.admin_kubeconfig.display()),
-        "--controllers=resourceclaim-controller".into(),
+    let mut flags = crate::reference::base_flags(cluster, port);
+    flags.extend([
         format!("--kube-api-qps={}", args.kube_api_qps),
         format!("--kube-api-burst={}", args.kube_api_burst),
         format!("--concurrent-resourceclaim-syncs={}", args.concurrent_syncs),
-        "--leader-elect=false".into(),
-        "--use-service-account-credentials=false".into(),
-        "--bind-address=127.0.0.1".into(),
-        format!("--secure-port={port}"),
-        format!("--cert-dir={}", cluster.dir.join("kcm-certs").display()),
-        "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics".into(),
-        "--authentication-skip-lookup".into(),
         "--v=1".into(),
-    ]
+    ]);
+    flags
 }
 
 async fn get_text(client: &kube::Client, path: &str) -> anyhow::Result<String> {

@@ -30,39 +30,47 @@ fn shared_env(bins: &cluster::Binaries) -> Result<&'static Shared, String> {
     SHARED
         .get_or_init(|| {
             let bins = bins.clone();
-            // Started on a thread with a runtime of its own: the calling
-            // test's runtime ends with that test, the server must not.
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| e.to_string())?;
-                rt.block_on(async {
-                    let mut cluster = Cluster::start(&bins).await.map_err(|e| format!("{e:#}"))?;
-                    cluster.keep_dir();
-                    // Never reaped before exit, so their pids stay ours. The
-                    // controller (restarted by its supervisor, so its pid
-                    // changes) is left to PR_SET_PDEATHSIG.
-                    let keep = std::env::var(cluster::KEEP_ENV).is_ok_and(|v| v == "1");
-                    let dirs = if keep {
-                        vec![]
-                    } else {
-                        vec![cluster.dir.clone()]
-                    };
-                    procs::cleanup_on_exit(&[cluster.apiserver.pid(), cluster.etcd.pid()], &dirs);
-                    let spec = ControllerSpec::new(&cluster, &ControllerOpts::default(), "shared");
-                    let controller = Replica::start(spec).await.map_err(|e| format!("{e:#}"))?;
-                    Ok(Shared {
-                        cluster,
-                        controller,
-                    })
+            start_detached("shared e2e environment", async move {
+                let mut cluster = Cluster::start(&bins).await.map_err(|e| format!("{e:#}"))?;
+                cluster.keep_dir();
+                // Never reaped before exit, so their pids stay ours. The
+                // controller (restarted by its supervisor, so its pid
+                // changes) is left to PR_SET_PDEATHSIG.
+                let keep = std::env::var(cluster::KEEP_ENV).is_ok_and(|v| v == "1");
+                let dirs = if keep {
+                    vec![]
+                } else {
+                    vec![cluster.dir.clone()]
+                };
+                procs::cleanup_on_exit(&[cluster.apiserver.pid(), cluster.etcd.pid()], &dirs);
+                let spec = ControllerSpec::new(&cluster, &ControllerOpts::default(), "shared");
+                let controller = Replica::start(spec).await.map_err(|e| format!("{e:#}"))?;
+                Ok(Shared {
+                    cluster,
+                    controller,
                 })
             })
-            .join()
-            .unwrap_or_else(|_| Err("shared e2e environment setup panicked".into()))
         })
         .as_ref()
         .map_err(Clone::clone)
+}
+
+/// Runs `start` on a thread with a runtime of its own, for servers shared by
+/// the tests of a binary: the runtime of the test that happens to ask first
+/// ends with that test, the servers must not.
+pub fn start_detached<T: Send + 'static>(
+    what: &'static str,
+    start: impl std::future::Future<Output = Result<T, String>> + Send + 'static,
+) -> Result<T, String> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(start)
+    })
+    .join()
+    .unwrap_or_else(|_| Err(format!("{what} setup panicked")))
 }
 
 /// A server and controllers owned by one test. Field order is drop order:

@@ -35,7 +35,9 @@ use serde_json::{Value, json};
 use crate::cluster::{self, Cluster, ControllerOpts, ControllerSpec};
 use crate::k8s::{
     DELETE_PROTECTION_FINALIZER, EXTENDED_RESOURCE_CLAIM_ANNOTATION, FAILED_CREATION_REASON, NODE,
-    POD_CLAIM_NAME_ANNOTATION, Source, TIMEOUT, allocation, exactly_spec, pod_ref,
+    POD_CLAIM_NAME_ANNOTATION, Source, TIMEOUT, allocation, claim_manifest, delete_pod_at_once,
+    exactly_spec, extended_resource_pod_manifest, long_name_cases, pod_manifest, pod_ref,
+    template_manifest,
 };
 use crate::procs;
 use crate::reference::{self, Reference};
@@ -64,18 +66,11 @@ fn servers(bins: &cluster::Binaries, kcm: PathBuf) -> Result<&'static Servers, S
     SERVERS
         .get_or_init(|| {
             let bins = bins.clone();
-            // On a thread with a runtime of its own: the servers outlive the
-            // test that happens to start them.
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| e.to_string())?;
-                rt.block_on(start_servers(&bins, &kcm))
+            crate::ctx::start_detached("differential servers", async move {
+                start_servers(&bins, &kcm)
+                    .await
                     .map_err(|e| format!("{e:#}"))
             })
-            .join()
-            .unwrap_or_else(|_| Err("differential servers setup panicked".into()))
         })
         .as_ref()
         .map_err(Clone::clone)
@@ -330,16 +325,9 @@ impl Side {
     }
 
     async fn create_template_with(&self, name: &str, labels: Value, annotations: Value) {
-        let t: ResourceClaimTemplate = serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {
-                "metadata": {"labels": labels, "annotations": annotations},
-                "spec": exactly_spec(),
-            },
-        }))
-        .expect("template");
+        let t: ResourceClaimTemplate =
+            serde_json::from_value(template_manifest(name, labels, annotations, exactly_spec()))
+                .expect("template");
         Api::<ResourceClaimTemplate>::namespaced(self.client.clone(), &self.ns)
             .create(&PostParams::default(), &t)
             .await
@@ -357,27 +345,7 @@ impl Side {
         entries: &[(&str, Source<'_>)],
         node: Option<&str>,
     ) -> Pod {
-        let claims: Vec<Value> = entries
-            .iter()
-            .map(|(entry, source)| match source {
-                Source::Template(t) => json!({"name": entry, "resourceClaimTemplateName": t}),
-                Source::Claim(c) => json!({"name": entry, "resourceClaimName": c}),
-            })
-            .collect();
-        let uses: Vec<Value> = entries.iter().map(|(e, _)| json!({"name": e})).collect();
-        let mut spec = json!({
-            "containers": [{
-                "name": "main",
-                "image": "registry.invalid/e2e/pause:1",
-                "resources": {"claims": uses},
-            }],
-            "resourceClaims": claims,
-            "terminationGracePeriodSeconds": 0,
-        });
-        if let Some(node) = node {
-            spec["nodeName"] = json!(node);
-        }
-        self.create_pod_from(json!({"metadata": {"name": name}, "spec": spec}))
+        self.create_pod_from(pod_manifest(name, entries, node))
             .await
     }
 
@@ -410,13 +378,7 @@ impl Side {
 
     /// A claim from raw metadata and [`exactly_spec`].
     async fn create_claim(&self, metadata: Value) {
-        let claim: ResourceClaim = serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": metadata,
-            "spec": exactly_spec(),
-        }))
-        .expect("claim");
+        let claim: ResourceClaim = serde_json::from_value(claim_manifest(metadata)).expect("claim");
         self.claims()
             .create(&PostParams::default(), &claim)
             .await
@@ -464,12 +426,7 @@ impl Side {
 
     /// Removes a pod at once, as a kubelet confirming termination would.
     async fn delete_pod_now(&self, name: &str) {
-        let dp = DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        };
-        self.pods()
-            .delete(name, &dp)
+        delete_pod_at_once(&self.pods(), name)
             .await
             .unwrap_or_else(|e| panic!("{}: delete pod {name}: {e}", self.who));
         self.wait_until(&format!("pod {name} to be gone"), |s| {
@@ -1074,19 +1031,7 @@ async fn differential_long_names_are_truncated() {
     let Some(p) = Pair::new("differential_long_names_are_truncated").await else {
         return;
     };
-    let entry = format!("entry-{}", "e".repeat(57));
-    let cases = [
-        (format!("pod-{}", "p".repeat(59)), entry.clone()),
-        (format!("big-{}", "z".repeat(249)), entry.clone()),
-        (
-            "medium-pod-name-of-forty-characters-long-2".into(),
-            "short".into(),
-        ),
-        (
-            "medium-pod-name-of-forty-characters-long-3".into(),
-            "gpu-entry-with-some-length".into(),
-        ),
-    ];
+    let cases = long_name_cases();
     p.run(
         async |s: &Side| {
             s.create_template("tmpl").await;
@@ -1456,21 +1401,7 @@ async fn differential_extended_resource_claim_cleaned_up() {
     p.run(
         async |s: &Side| {
             let pod = s
-                .create_pod_from(json!({
-                    "metadata": {"name": "ext"},
-                    "spec": {
-                        "nodeName": NODE,
-                        "terminationGracePeriodSeconds": 0,
-                        "containers": [{
-                            "name": "main",
-                            "image": "registry.invalid/e2e/pause:1",
-                            "resources": {
-                                "requests": {"example.com/gpu": "1"},
-                                "limits": {"example.com/gpu": "1"},
-                            },
-                        }],
-                    },
-                }))
+                .create_pod_from(extended_resource_pod_manifest("ext"))
                 .await;
             s.create_claim(json!({
                 "name": "ext-claim",

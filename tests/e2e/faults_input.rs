@@ -41,25 +41,11 @@ const GOOD_TEMPLATE: &str = "tmpl-good";
 const LATE_TEMPLATE: &str = "tmpl-late";
 const KIND_LABEL: &str = "e2e.example.com/kind";
 
-/// A pod with one container using every entry; `entries` are raw
-/// `spec.resourceClaims` items, so they can be malformed on purpose.
+/// [`raw_pod_manifest`], labelled with the kind of input it carries.
 fn pod(name: &str, kind: &str, entries: Vec<Value>) -> Pod {
-    let uses: Vec<Value> = entries.iter().map(|e| json!({"name": e["name"]})).collect();
-    serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {KIND_LABEL: kind}},
-        "spec": {
-            "containers": [{
-                "name": "main",
-                "image": "registry.invalid/e2e/pause:1",
-                "resources": {"claims": uses},
-            }],
-            "resourceClaims": entries,
-            "terminationGracePeriodSeconds": 0,
-        },
-    }))
-    .expect("pod")
+    let mut pod = raw_pod_manifest(name, entries);
+    pod["metadata"]["labels"] = json!({KIND_LABEL: kind});
+    serde_json::from_value(pod).expect("pod")
 }
 
 fn from_template(entry: &str, template: &str) -> Value {

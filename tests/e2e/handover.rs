@@ -13,7 +13,6 @@ use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
-use serde_json::json;
 
 use crate::cluster::{Controller, ControllerOpts};
 use crate::ctx::TestCtx;
@@ -409,25 +408,11 @@ impl PodLoad {
 }
 
 fn load_pod(name: &str) -> anyhow::Result<Pod> {
-    let claims: Vec<_> = ENTRIES
+    let entries: Vec<(&str, Source<'_>)> = ENTRIES
         .iter()
-        .map(|(entry, template)| json!({"name": entry, "resourceClaimTemplateName": template}))
+        .map(|(entry, template)| (*entry, Source::Template(template)))
         .collect();
-    let uses: Vec<_> = ENTRIES.iter().map(|(e, _)| json!({"name": e})).collect();
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "containers": [{
-                "name": "main",
-                "image": "registry.invalid/e2e/pause:1",
-                "resources": {"claims": uses},
-            }],
-            "resourceClaims": claims,
-            "terminationGracePeriodSeconds": 0,
-        },
-    }))?)
+    Ok(serde_json::from_value(pod_manifest(name, &entries, None))?)
 }
 
 #[derive(Debug)]

@@ -147,6 +147,126 @@ pub fn recorded(pod: &Pod) -> BTreeMap<String, Option<String>> {
 }
 
 /// The `generateName` the contract prescribes for a pod's claim entry.
+/// A pod with one container that uses every claim entry; `node` sets
+/// `spec.nodeName` (a pod placed without the scheduler).
+pub fn pod_manifest(name: &str, entries: &[(&str, Source<'_>)], node: Option<&str>) -> Value {
+    let claims: Vec<Value> = entries
+        .iter()
+        .map(|(entry, source)| match source {
+            Source::Template(t) => json!({"name": entry, "resourceClaimTemplateName": t}),
+            Source::Claim(c) => json!({"name": entry, "resourceClaimName": c}),
+        })
+        .collect();
+    let mut pod = raw_pod_manifest(name, claims);
+    if let Some(node) = node {
+        pod["spec"]["nodeName"] = json!(node);
+    }
+    pod
+}
+
+/// A pod with one container using every entry; `entries` are raw
+/// `spec.resourceClaims` items, so they can be malformed on purpose.
+pub fn raw_pod_manifest(name: &str, entries: Vec<Value>) -> Value {
+    let uses: Vec<Value> = entries.iter().map(|e| json!({"name": e["name"]})).collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{
+                "name": "main",
+                "image": PAUSE_IMAGE,
+                "resources": {"claims": uses},
+            }],
+            "resourceClaims": entries,
+            "terminationGracePeriodSeconds": 0,
+        },
+    })
+}
+
+/// A pod bound to [`NODE`] that requests an extended resource and has no
+/// claim entry: the scheduler would make a claim for it.
+pub fn extended_resource_pod_manifest(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": NODE,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "main",
+                "image": PAUSE_IMAGE,
+                "resources": {
+                    "requests": {"example.com/gpu": "1"},
+                    "limits": {"example.com/gpu": "1"},
+                },
+            }],
+        },
+    })
+}
+
+/// Never pulled: no kubelet runs in these tests.
+const PAUSE_IMAGE: &str = "registry.invalid/e2e/pause:1";
+
+/// Deletes a pod with grace period 0, as a kubelet confirming termination
+/// would (no kubelet runs here, so a graceful delete would never finish).
+pub async fn delete_pod_at_once(pods: &Api<Pod>, name: &str) -> kube::Result<()> {
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    pods.delete(name, &dp).await.map(|_| ())
+}
+
+/// The claim is released: no reservation, no allocation, no finalizer.
+pub fn ensure_released(c: &ResourceClaim) -> anyhow::Result<()> {
+    ensure!(
+        reserved_names(c).is_empty(),
+        "reservedFor {:?}",
+        reserved_names(c)
+    );
+    ensure!(!is_allocated(c), "still allocated");
+    ensure!(!has_finalizer(c), "finalizers {:?}", c.metadata.finalizers);
+    Ok(())
+}
+
+/// A ResourceClaimTemplate whose claims get `labels` and `annotations`.
+pub fn template_manifest(name: &str, labels: Value, annotations: Value, spec: Value) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {
+            "metadata": {"labels": labels, "annotations": annotations},
+            "spec": spec,
+        },
+    })
+}
+
+/// A ResourceClaim from raw metadata and [`exactly_spec`].
+pub fn claim_manifest(metadata: Value) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": metadata,
+        "spec": exactly_spec(),
+    })
+}
+
+/// (pod, entry) names around the 63-character limits: a 63-character pod
+/// and entry, a 253-character pod, and medium names that fit or just do not.
+pub fn long_name_cases() -> Vec<(String, String)> {
+    let entry = format!("entry-{}", "e".repeat(57));
+    let pod_mid = "medium-pod-name-of-forty-characters-long";
+    vec![
+        (format!("pod-{}", "p".repeat(59)), entry.clone()),
+        (format!("big-{}", "z".repeat(249)), entry),
+        (format!("{pod_mid}-2"), "short".into()),
+        (format!("{pod_mid}-3"), "gpu-entry-with-some-length".into()),
+    ]
+}
+
 pub fn expected_generate_name(pod: &str, entry: &str) -> String {
     let full = format!("{pod}-{entry}-");
     let len = full.len();
@@ -181,16 +301,9 @@ impl TestCtx {
         annotations: Value,
         spec: Value,
     ) -> ResourceClaimTemplate {
-        let t: ResourceClaimTemplate = serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {
-                "metadata": {"labels": labels, "annotations": annotations},
-                "spec": spec,
-            },
-        }))
-        .expect("template");
+        let t: ResourceClaimTemplate =
+            serde_json::from_value(template_manifest(name, labels, annotations, spec))
+                .expect("template");
         self.templates()
             .create(&PostParams::default(), &t)
             .await
@@ -262,43 +375,13 @@ impl TestCtx {
         entries: &[(&str, Source<'_>)],
         node: Option<&str>,
     ) -> anyhow::Result<Pod> {
-        let claims: Vec<Value> = entries
-            .iter()
-            .map(|(entry, source)| match source {
-                Source::Template(t) => json!({"name": entry, "resourceClaimTemplateName": t}),
-                Source::Claim(c) => json!({"name": entry, "resourceClaimName": c}),
-            })
-            .collect();
-        let uses: Vec<Value> = entries.iter().map(|(e, _)| json!({"name": e})).collect();
-        let mut spec = json!({
-            "containers": [{
-                "name": "main",
-                "image": "registry.invalid/e2e/pause:1",
-                "resources": {"claims": uses},
-            }],
-            "resourceClaims": claims,
-            "terminationGracePeriodSeconds": 0,
-        });
-        if let Some(node) = node {
-            spec["nodeName"] = json!(node);
-        }
-        let pod: Pod = serde_json::from_value(json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": spec,
-        }))?;
+        let pod: Pod = serde_json::from_value(pod_manifest(name, entries, node))?;
         Ok(self.pods().create(&PostParams::default(), &pod).await?)
     }
 
     /// Removes a pod at once, as a kubelet confirming termination would.
     pub async fn delete_pod_now(&self, name: &str) {
-        let dp = DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        };
-        self.pods()
-            .delete(name, &dp)
+        delete_pod_at_once(&self.pods(), name)
             .await
             .unwrap_or_else(|e| panic!("delete pod {name}: {e}"));
         wait_for(
@@ -338,13 +421,7 @@ impl TestCtx {
 
     /// Creates a claim from raw metadata and [`exactly_spec`].
     pub async fn create_claim(&self, metadata: Value) -> ResourceClaim {
-        let claim: ResourceClaim = serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": metadata,
-            "spec": exactly_spec(),
-        }))
-        .expect("claim");
+        let claim: ResourceClaim = serde_json::from_value(claim_manifest(metadata)).expect("claim");
         self.claims()
             .create(&PostParams::default(), &claim)
             .await

@@ -67,8 +67,9 @@ impl Reference {
 
 /// Only the resourceclaim-controller, as the admin (no per-controller
 /// service accounts: no token controller runs here), serving health and
-/// metrics on loopback without authentication.
-fn flags(cluster: &Cluster, port: u16) -> Vec<String> {
+/// metrics on loopback without authentication. Budget and verbosity are
+/// the caller's.
+pub fn base_flags(cluster: &Cluster, port: u16) -> Vec<String> {
     vec![
         format!("--kubeconfig={}", cluster.admin_kubeconfig.display()),
         "--controllers=resourceclaim-controller".into(),
@@ -79,13 +80,20 @@ fn flags(cluster: &Cluster, port: u16) -> Vec<String> {
         format!("--cert-dir={}", cluster.dir.join("kcm-certs").display()),
         "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics".into(),
         "--authentication-skip-lookup".into(),
+    ]
+}
+
+fn flags(cluster: &Cluster, port: u16) -> Vec<String> {
+    let mut flags = base_flags(cluster, port);
+    flags.extend([
         // Same budget as ours in the e2e harness, so neither waits on its
         // client rate limiter.
         "--kube-api-qps=500".into(),
         "--kube-api-burst=1000".into(),
         // Decisions of the controller (claim created, reservation removed…).
         "--v=5".into(),
-    ]
+    ]);
+    flags
 }
 
 async fn wait_healthy(proc: &Proc, port: u16) -> anyhow::Result<()> {

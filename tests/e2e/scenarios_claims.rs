@@ -171,37 +171,18 @@ async fn long_names_are_truncated() {
         return;
     };
     t.create_template("tmpl").await;
-    let entry = format!("entry-{}", "e".repeat(57));
-    let pod63 = format!("pod-{}", "p".repeat(59));
-    let pod253 = format!("big-{}", "z".repeat(249));
-    let pod_mid = "medium-pod-name-of-forty-characters-long";
-    assert_eq!((entry.len(), pod63.len(), pod253.len()), (63, 63, 253));
-
-    let cases = [
-        (pod63.as_str(), entry.as_str()),
-        (pod253.as_str(), entry.as_str()),
-        (pod_mid, "short"),
-        (pod_mid, "gpu-entry-with-some-length"),
-    ];
-    for (i, (pod, e)) in cases.iter().enumerate() {
-        // Distinct pods for the medium-name cases.
-        let pod_name = if *pod == pod_mid {
-            format!("{pod}-{i}")
-        } else {
-            pod.to_string()
-        };
-        t.create_pod(&pod_name, &[(e, Source::Template("tmpl"))], None)
+    let cases = long_name_cases();
+    let lengths: Vec<(usize, usize)> = cases.iter().map(|(p, e)| (p.len(), e.len())).collect();
+    assert_eq!(&lengths[..2], &[(63, 63), (253, 63)]);
+    for (pod_name, e) in &cases {
+        t.create_pod(pod_name, &[(e, Source::Template("tmpl"))], None)
             .await;
     }
-    for (i, (pod, e)) in cases.iter().enumerate() {
-        let pod_name = if *pod == pod_mid {
-            format!("{pod}-{i}")
-        } else {
-            pod.to_string()
-        };
-        let claims = t.wait_recorded(&pod_name, &[e]).await;
-        let claim = &claims[*e];
-        let expected = expected_generate_name(&pod_name, e);
+    for (pod_name, e) in &cases {
+        let e = e.as_str();
+        let claims = t.wait_recorded(pod_name, &[e]).await;
+        let claim = &claims[e];
+        let expected = expected_generate_name(pod_name, e);
         let name = claim.metadata.name.clone().unwrap();
         assert_eq!(
             claim.metadata.generate_name.as_deref(),

@@ -135,14 +135,7 @@ async fn deleted_pod_releases_its_claim() {
             let Some(c) = t.claims().get_opt(&claim).await? else {
                 return Ok(());
             };
-            ensure!(
-                reserved_names(&c).is_empty(),
-                "reservedFor {:?}",
-                reserved_names(&c)
-            );
-            ensure!(!is_allocated(&c), "still allocated");
-            ensure!(!has_finalizer(&c), "finalizers {:?}", c.metadata.finalizers);
-            Ok(())
+            ensure_released(&c)
         },
     )
     .await;
@@ -206,14 +199,7 @@ async fn reservation_for_missing_pod_is_removed() {
         TIMEOUT,
         async || {
             let c = t.claims().get("stale").await?;
-            ensure!(
-                reserved_names(&c).is_empty(),
-                "reservedFor {:?}",
-                reserved_names(&c)
-            );
-            ensure!(!is_allocated(&c), "still allocated");
-            ensure!(!has_finalizer(&c), "finalizers {:?}", c.metadata.finalizers);
-            Ok(())
+            ensure_released(&c)
         },
     )
     .await;
@@ -315,23 +301,8 @@ async fn extended_resource_claim_cleaned_up() {
     let Some(t) = TestCtx::shared("extended_resource_claim_cleaned_up").await else {
         return;
     };
-    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "ext"},
-        "spec": {
-            "nodeName": NODE,
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{
-                "name": "main",
-                "image": "registry.invalid/e2e/pause:1",
-                "resources": {
-                    "requests": {"example.com/gpu": "1"},
-                    "limits": {"example.com/gpu": "1"},
-                },
-            }],
-        },
-    }))
-    .unwrap();
+    let pod: k8s_openapi::api::core::v1::Pod =
+        serde_json::from_value(extended_resource_pod_manifest("ext")).unwrap();
     let pod = t
         .pods()
         .create(&Default::default(), &pod)
