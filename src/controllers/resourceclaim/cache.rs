@@ -88,6 +88,11 @@ impl<K> Store<K> {
     }
 
     pub fn delete(&self, key: &str) -> Option<Arc<K>> {
+        // Most deletes on the pod watch are for pods that were never cached
+        // (no claims): answer those under the shared lock.
+        if !self.inner.read().unwrap().objects.contains_key(key) {
+            return None;
+        }
         let mut inner = self.inner.write().unwrap();
         let old = inner.objects.remove(key);
         if let Some(old) = &old {

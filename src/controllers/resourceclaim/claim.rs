@@ -169,8 +169,7 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> anyhow::Result<()> {
         && !current.is_allocated()
         && let Some(p) = patch::remove_finalizer(&current, DELETE_PROTECTION_FINALIZER)
     {
-        current = api
-            .patch(&name, &PatchParams::default(), &Patch::Json::<()>(p))
+        api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(p))
             .await
             .map_err(|e| {
                 anyhow::anyhow!(
@@ -193,7 +192,6 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> anyhow::Result<()> {
             Err(e) => anyhow::bail!("deleting unused generated ResourceClaim {key}: {e}"),
         }
     }
-    let _ = current;
     Ok(())
 }
 

@@ -237,7 +237,7 @@ fn decide_reservations(pod: &PodView, caches: &Caches, decision: &mut PodDecisio
 /// backoff) when any entry failed or a write failed.
 pub async fn execute(ctx: &Context, pod: &PodView, decision: PodDecision) -> anyhow::Result<()> {
     let (ns, name) = (pod.namespace(), pod.name());
-    let mut record = decision.recorded.clone();
+    let mut record = decision.recorded;
     let mut changed = false;
     let mut failures = Vec::new();
     let mut created = Vec::new();
@@ -291,7 +291,7 @@ pub async fn execute(ctx: &Context, pod: &PodView, decision: PodDecision) -> any
         let (entry, reason) = &failures[0];
         anyhow::bail!("pod {ns}/{name}, PodResourceClaim {entry}: {reason}");
     }
-    let mut unallocated = decision.unallocated.clone();
+    let mut unallocated = decision.unallocated;
     if pod.node_name().is_some() {
         // Claims created just now for a pod bound without the scheduler:
         // nothing will allocate them either.
