@@ -97,11 +97,22 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         qps = args.kube_api_qps,
         burst = args.kube_api_burst,
         workers = args.concurrent_syncs,
-        feature_gates = %args.feature_gates,
+        feature_gates = %args.feature_gates.gates,
         "starting dra-claim-controller"
     );
 
-    let controller = Controller::new(client.clone(), args.feature_gates, &registry, &identity)?;
+    if !args.feature_gates.ignored.is_empty() {
+        info!(
+            gates = %args.feature_gates.ignored.join(","),
+            "--feature-gates: ignoring kube-controller-manager gates that do not concern the claim controller"
+        );
+    }
+    let controller = Controller::new(
+        client.clone(),
+        args.feature_gates.gates,
+        &registry,
+        &identity,
+    )?;
     tokio::spawn(controller.clone().run_watches());
     {
         // Ready once the caches are loaded; a standby is ready too.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::features::FeatureGates;
+use crate::features::FeatureGateFlag;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -31,9 +31,9 @@ pub struct Args {
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub concurrent_syncs: u32,
 
-    /// Feature gates, as Name=true|false pairs: DRAAdminAccess, DRAPrioritizedList, DRAExtendedResource (all on by default, as in Kubernetes 1.36).
+    /// Feature gates, as Name=true|false pairs. Acted on: DRAAdminAccess, DRAPrioritizedList, DRAExtendedResource (all on by default, as in Kubernetes 1.36). kube-controller-manager's other gates are accepted and ignored, so its flag value can be copied; WorkloadResourceClaims=true is refused (PodGroup claims are not supported yet).
     #[arg(long, default_value = "", value_parser = parse_gates)]
-    pub feature_gates: FeatureGates,
+    pub feature_gates: FeatureGateFlag,
 
     /// Elect a leader through a Lease before doing any work (turn off only with a single replica).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -80,7 +80,7 @@ pub struct Args {
     pub log_level: String,
 }
 
-fn parse_gates(s: &str) -> Result<FeatureGates, String> {
+fn parse_gates(s: &str) -> Result<FeatureGateFlag, String> {
     s.parse()
 }
 
@@ -165,7 +165,7 @@ mod tests {
         assert_eq!(args.leader_elect_lease_duration, Duration::from_secs(15));
         assert_eq!(args.leader_elect_renew_deadline, Duration::from_secs(10));
         assert_eq!(args.leader_elect_retry_period, Duration::from_secs(2));
-        assert_eq!(args.feature_gates, FeatureGates::default());
+        assert_eq!(args.feature_gates, FeatureGateFlag::default());
         assert_eq!(args.metrics_bind_address, ":8080");
         assert_eq!(args.health_probe_bind_address, ":8081");
     }
@@ -182,7 +182,7 @@ mod tests {
         .unwrap();
         assert!(!args.leader_elect);
         assert_eq!(args.kube_api_qps, 0.5);
-        assert!(!args.feature_gates.admin_access);
+        assert!(!args.feature_gates.gates.admin_access);
         assert_eq!(args.shutdown_timeout, Duration::from_secs(5));
         assert!(Args::try_parse_from(["x", "--feature-gates=Nope=true"]).is_err());
         assert!(Args::try_parse_from(["x", "--concurrent-syncs=0"]).is_err());

@@ -34,34 +34,89 @@ const KNOWN: [&str; 3] = [
     "DRAExtendedResource",
 ];
 
-impl FromStr for FeatureGates {
+/// PodGroup claims (KEP-5729): kube-controller-manager's claim controller
+/// also serves PodGroups with it on. Not supported yet, so turning it on is
+/// refused rather than silently doing less than the reference. 1.36 spells
+/// it `DRAWorkloadResourceClaims`; the KEP's shorter name is taken too.
+const WORKLOAD_RESOURCE_CLAIMS: [&str; 2] = ["DRAWorkloadResourceClaims", "WorkloadResourceClaims"];
+
+/// Every gate name kube-controller-manager 1.36 accepts (its
+/// `--feature-gates` help), one per line: its flag string must work here
+/// unchanged, with the gates that do not concern this controller ignored.
+const KUBE_CONTROLLER_MANAGER_GATES: &str = include_str!("kcm_feature_gates_1_36.txt");
+
+fn is_kube_controller_manager_gate(name: &str) -> bool {
+    KUBE_CONTROLLER_MANAGER_GATES
+        .lines()
+        .map(str::trim)
+        .any(|known| known == name)
+}
+
+/// `--feature-gates` as given: the gates this controller acts on, and the
+/// names of kube-controller-manager's gates that were set but do not
+/// concern it (logged once at start).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FeatureGateFlag {
+    pub gates: FeatureGates,
+    pub ignored: Vec<String>,
+}
+
+impl FromStr for FeatureGateFlag {
     type Err = String;
 
-    /// Parses `Name=bool,Name=bool`, as Kubernetes components do. Unknown
-    /// names are an error: a typo must not silently leave a gate at default.
+    /// Parses `Name=bool,Name=bool`, as Kubernetes components do. Names
+    /// kube-controller-manager does not know either are an error: a typo
+    /// must not silently leave a gate at its default.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut gates = FeatureGates::default();
+        let mut flag = FeatureGateFlag::default();
         for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let (name, value) = item.split_once('=').ok_or_else(|| {
                 format!("--feature-gates: {item:?} is not of the form Name=true|false")
             })?;
+            let name = name.trim();
             let value: bool = value
                 .trim()
                 .parse()
                 .map_err(|_| format!("--feature-gates: {name}: {value:?} is not true or false"))?;
-            match name.trim() {
-                "DRAAdminAccess" => gates.admin_access = value,
-                "DRAPrioritizedList" => gates.prioritized_list = value,
-                "DRAExtendedResource" => gates.extended_resource = value,
+            match name {
+                "DRAAdminAccess" => flag.gates.admin_access = value,
+                "DRAPrioritizedList" => flag.gates.prioritized_list = value,
+                "DRAExtendedResource" => flag.gates.extended_resource = value,
+                _ if WORKLOAD_RESOURCE_CLAIMS.contains(&name) && value => {
+                    return Err(format!(
+                        "--feature-gates: {name}=true is not supported yet: this controller does \
+                         not create or clean up PodGroup claims. Remove it (or set it to false), \
+                         and keep kube-controller-manager's resourceclaim-controller where \
+                         PodGroup claims are needed"
+                    ));
+                }
+                _ if WORKLOAD_RESOURCE_CLAIMS.contains(&name) => {
+                    flag.ignored.push(name.to_string())
+                }
+                other if is_kube_controller_manager_gate(other) => {
+                    if !flag.ignored.iter().any(|n| n == other) {
+                        flag.ignored.push(other.to_string());
+                    }
+                }
                 other => {
                     return Err(format!(
-                        "--feature-gates: unknown gate {other:?}; known gates: {}",
+                        "--feature-gates: unknown gate {other:?}: neither this controller nor \
+                         kube-controller-manager 1.36 knows it (check the spelling); gates that \
+                         change what this controller does: {}",
                         KNOWN.join(", ")
                     ));
                 }
             }
         }
-        Ok(gates)
+        Ok(flag)
+    }
+}
+
+impl FromStr for FeatureGates {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse::<FeatureGateFlag>().map(|f| f.gates)
     }
 }
 
@@ -124,6 +179,44 @@ mod tests {
             extended_resource: false,
         };
         assert_eq!(gates.to_string().parse::<FeatureGates>(), Ok(gates));
+    }
+
+    #[test]
+    fn kube_controller_manager_flag_strings_are_accepted() {
+        let flag: FeatureGateFlag =
+            "DRAAdminAccess=false,JobPodReplacementPolicy=true,AllAlpha=false,JobPodReplacementPolicy=false"
+                .parse()
+                .unwrap();
+        assert!(!flag.gates.admin_access);
+        assert_eq!(flag.ignored, ["JobPodReplacementPolicy", "AllAlpha"]);
+        for name in WORKLOAD_RESOURCE_CLAIMS {
+            let off: FeatureGateFlag = format!("{name}=false").parse().unwrap();
+            assert_eq!(off.ignored, [name]);
+            let err = format!("{name}=true")
+                .parse::<FeatureGateFlag>()
+                .unwrap_err();
+            assert!(err.contains(name) && err.contains("not supported"), "{err}");
+        }
+    }
+
+    #[test]
+    fn gate_list_is_kube_controller_managers() {
+        let names: Vec<&str> = KUBE_CONTROLLER_MANAGER_GATES
+            .lines()
+            .map(str::trim)
+            .collect();
+        for gate in KNOWN
+            .iter()
+            .chain(&["DRAWorkloadResourceClaims", "AllAlpha", "AllBeta"])
+        {
+            assert!(names.contains(gate), "{gate} missing from the list");
+        }
+        assert!(
+            names
+                .iter()
+                .all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric()))
+        );
+        assert!(names.is_sorted(), "kept sorted, one name per line");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use futures::FutureExt;
-use prometheus::{Encoder, Registry, TextEncoder};
+use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -203,9 +203,12 @@ async fn readyz(State(health): State<Health>) -> Response {
 }
 
 async fn metrics(State(registry): State<Registry>) -> Response {
-    let encoder = TextEncoder::new();
-    match encoder.encode_to_string(&registry.gather()) {
-        Ok(body) => ([(header::CONTENT_TYPE, encoder.format_type())], body).into_response(),
+    match crate::exposition::encode(&registry.gather()) {
+        Ok(body) => (
+            [(header::CONTENT_TYPE, crate::exposition::content_type())],
+            body,
+        )
+            .into_response(),
         Err(err) => {
             tracing::warn!(error = %err, "encoding metrics failed");
             (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response()

@@ -8,6 +8,7 @@ pub mod app;
 pub mod cli;
 pub mod client;
 pub mod controllers;
+pub mod exposition;
 pub mod features;
 pub mod http;
 pub mod leader;

@@ -191,7 +191,7 @@ impl Metrics {
         let histogram = |name: &str, help: &str| {
             // Repeated multiplication, as client-go does, so the `le` labels
             // come out identical (including 9.999999999999999e-06).
-            let buckets = prometheus::exponential_buckets(1e-8, 10.0, 12).expect(VALID);
+            let buckets = prometheus::exponential_buckets(1e-8, 10.0, 10).expect(VALID);
             let opts = HistogramOpts::new(name, help)
                 .subsystem("workqueue")
                 .const_label("name", queue)
@@ -1162,8 +1162,9 @@ mod tests {
             0.0
         );
 
-        // Bucket bounds exactly as client-go exposes them: 1e-8 times 10,
-        // eleven times, computed by repeated multiplication.
+        // Bucket bounds exactly as kube-controller-manager's workqueues
+        // have them, `ExponentialBuckets(10e-9, 10, 10)`: 1e-8 times 10,
+        // nine times, computed by repeated multiplication.
         let expected = [
             1e-8,
             1e-7,
@@ -1175,8 +1176,6 @@ mod tests {
             1e-1,
             1.0,
             10.0,
-            100.0,
-            1000.0,
         ];
         for metric in [
             "workqueue_queue_duration_seconds",

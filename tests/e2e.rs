@@ -50,6 +50,8 @@ mod faults_restarts;
 
 #[path = "e2e/scenarios_claims.rs"]
 mod scenarios_claims;
+#[path = "e2e/scenarios_decisions.rs"]
+mod scenarios_decisions;
 #[path = "e2e/scenarios_gates.rs"]
 mod scenarios_gates;
 #[path = "e2e/scenarios_reservations.rs"]

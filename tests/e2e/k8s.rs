@@ -206,6 +206,20 @@ pub fn extended_resource_pod_manifest(name: &str) -> Value {
     })
 }
 
+/// Binds a pod through the `pods/binding` subresource, as kube-scheduler
+/// does (which also sets the `PodScheduled` condition).
+pub async fn bind_pod(pods: &Api<Pod>, name: &str, node: &str) -> kube::Result<()> {
+    let binding = json!({
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    });
+    pods.create_subresource::<Value, Value>("binding", name, &PostParams::default(), &binding)
+        .await
+        .map(drop)
+}
+
 /// Never pulled: no kubelet runs in these tests.
 const PAUSE_IMAGE: &str = "registry.invalid/e2e/pause:1";
 
@@ -404,6 +418,70 @@ impl TestCtx {
             )
             .await
             .unwrap_or_else(|e| panic!("set phase {phase} on pod {name}: {e}"));
+    }
+
+    /// What the scheduler does for a pod (bound to [`NODE`]) that asks for
+    /// an extended resource: a claim controlled by the pod, allocated and
+    /// reserved for it, named in `status.extendedResourceClaimStatus`.
+    /// Returns the pod and the allocated claim.
+    pub async fn create_extended_resource_pod(
+        &self,
+        pod_name: &str,
+        claim_name: &str,
+    ) -> (Pod, ResourceClaim) {
+        let pod: Pod = serde_json::from_value(extended_resource_pod_manifest(pod_name)).unwrap();
+        let pod = self
+            .pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("create pod {pod_name}: {e}"));
+        self.create_claim(json!({
+            "name": claim_name,
+            "annotations": {EXTENDED_RESOURCE_CLAIM_ANNOTATION: "true"},
+            "ownerReferences": [{
+                "apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": uid(&pod),
+                "controller": true, "blockOwnerDeletion": true,
+            }],
+        }))
+        .await;
+        let claim = self.allocate(claim_name, json!([pod_ref(&pod)])).await;
+        self.patch_pod_status(
+            pod_name,
+            json!({"extendedResourceClaimStatus": {
+                "resourceClaimName": claim_name,
+                "requestMappings": [{
+                    "containerName": "main",
+                    "resourceName": "example.com/gpu",
+                    "requestName": "req-0",
+                }],
+            }}),
+        )
+        .await;
+        let status = self.pod(pod_name).await.status.unwrap_or_default();
+        assert!(
+            status.extended_resource_claim_status.is_some(),
+            "the API server dropped extendedResourceClaimStatus (DRAExtendedResource gate off?)"
+        );
+        (pod, claim)
+    }
+
+    /// Binds the pod to `node` as a scheduler would.
+    pub async fn bind_pod(&self, name: &str, node: &str) {
+        bind_pod(&self.pods(), name, node)
+            .await
+            .unwrap_or_else(|e| panic!("bind pod {name} to {node}: {e}"));
+    }
+
+    /// Merge-patches the pod's status (as a kubelet or an older client would).
+    pub async fn patch_pod_status(&self, name: &str, status: Value) {
+        self.pods()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("patch status of pod {name}: {e}"));
     }
 
     /// Writes `status.resourceClaimStatuses` of a pod as the test's own

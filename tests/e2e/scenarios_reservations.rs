@@ -301,48 +301,8 @@ async fn extended_resource_claim_cleaned_up() {
     let Some(t) = TestCtx::shared("extended_resource_claim_cleaned_up").await else {
         return;
     };
-    let pod: k8s_openapi::api::core::v1::Pod =
-        serde_json::from_value(extended_resource_pod_manifest("ext")).unwrap();
-    let pod = t
-        .pods()
-        .create(&Default::default(), &pod)
-        .await
-        .expect("create pod");
-    t.create_claim(json!({
-        "name": "ext-claim",
-        "annotations": {EXTENDED_RESOURCE_CLAIM_ANNOTATION: "true"},
-        "ownerReferences": [{
-            "apiVersion": "v1", "kind": "Pod", "name": "ext", "uid": uid(&pod),
-            "controller": true, "blockOwnerDeletion": true,
-        }],
-    }))
-    .await;
-    let rv = t
-        .allocate("ext-claim", json!([pod_ref(&pod)]))
-        .await
-        .metadata
-        .resource_version;
-    t.pods()
-        .patch_status(
-            "ext",
-            &Default::default(),
-            &kube::api::Patch::Merge(json!({"status": {"extendedResourceClaimStatus": {
-                "resourceClaimName": "ext-claim",
-                "requestMappings": [{
-                    "containerName": "main",
-                    "resourceName": "example.com/gpu",
-                    "requestName": "req-0",
-                }],
-            }}})),
-        )
-        .await
-        .expect("set extendedResourceClaimStatus");
-    let status = t.pod("ext").await.status.unwrap_or_default();
-    if status.extended_resource_claim_status.is_none() {
-        panic!(
-            "the API server dropped extendedResourceClaimStatus (DRAExtendedResource gate off?)"
-        );
-    }
+    let (_, claim) = t.create_extended_resource_pod("ext", "ext-claim").await;
+    let rv = claim.metadata.resource_version;
 
     // Still running: the claim must stay reserved.
     holds_for(

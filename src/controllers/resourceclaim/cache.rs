@@ -6,7 +6,7 @@
 //! UID), the "created a moment ago" overlay for claims, and control over
 //! which pods are kept at all.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -198,10 +198,13 @@ pub struct Caches {
     /// Claims this process created that the claim watch has not shown yet.
     created: Mutex<HashMap<String, (Arc<ClaimView>, Instant)>>,
     /// UIDs of pods seen deleted recently.
-    pub deleted_pods: UidLru,
+    pub deleted_pods: RecentSet<String>,
     /// (pod UID, entry) whose last create failed in a way that may have
     /// committed it anyway (5xx, timeout, lost connection).
-    uncertain_creates: Mutex<HashSet<(String, String)>>,
+    uncertain_creates: RecentSet<(String, String)>,
+    /// (pod UID, entry) of pods on a node whose missing recorded claim the
+    /// user was told about (once is enough).
+    missing_reported: RecentSet<(String, String)>,
 }
 
 impl Default for Caches {
@@ -223,8 +226,9 @@ impl Caches {
             )]),
             templates: Store::new(Vec::new()),
             created: Mutex::new(HashMap::new()),
-            deleted_pods: UidLru::new(500),
-            uncertain_creates: Mutex::new(HashSet::new()),
+            deleted_pods: RecentSet::new(500),
+            uncertain_creates: RecentSet::new(10_000),
+            missing_reported: RecentSet::new(10_000),
         }
     }
 
@@ -233,7 +237,10 @@ impl Caches {
         let key = object_key(namespace, name);
         self.claims.get(&key).or_else(|| {
             let created = self.created.lock().unwrap();
-            created.get(&key).map(|(c, _)| c.clone())
+            created
+                .get(&key)
+                .filter(|(_, at)| at.elapsed() < CREATED_CLAIM_TTL)
+                .map(|(c, _)| c.clone())
         })
     }
 
@@ -241,7 +248,10 @@ impl Caches {
     pub fn claims_owned_by(&self, uid: &str) -> Vec<Arc<ClaimView>> {
         let mut claims = self.claims.by_index(CLAIMS_BY_OWNER_UID, uid);
         let created = self.created.lock().unwrap();
-        for (key, (claim, _)) in created.iter() {
+        let fresh = created
+            .iter()
+            .filter(|(_, (_, at))| at.elapsed() < CREATED_CLAIM_TTL);
+        for (key, (claim, _)) in fresh {
             let seen = claims
                 .iter()
                 .any(|c| object_key(c.namespace(), c.name()) == *key);
@@ -255,21 +265,28 @@ impl Caches {
     /// Notes that a create for this pod entry may have committed although it
     /// failed; the next attempt asks the API server before creating again.
     pub fn mark_uncertain_create(&self, pod_uid: &str, entry: &str) {
-        let mut set = self.uncertain_creates.lock().unwrap();
         // Bounded: a flood of failures must not grow memory without limit;
-        // forgetting only costs the extra check.
-        if set.len() >= 10_000 {
-            set.clear();
-        }
-        set.insert((pod_uid.to_string(), entry.to_string()));
+        // the oldest marks go first, and forgetting one only costs the
+        // extra check it would have caused.
+        self.uncertain_creates
+            .add((pod_uid.to_string(), entry.to_string()));
     }
 
     /// Takes the "uncertain" mark of a pod entry, if it has one.
     pub fn take_uncertain_create(&self, pod_uid: &str, entry: &str) -> bool {
         self.uncertain_creates
-            .lock()
-            .unwrap()
             .remove(&(pod_uid.to_string(), entry.to_string()))
+    }
+
+    /// Whether the user was told that this pod entry's claim is missing.
+    pub fn missing_claim_reported(&self, pod_uid: &str, entry: &str) -> bool {
+        self.missing_reported
+            .contains(&(pod_uid.to_string(), entry.to_string()))
+    }
+
+    pub fn note_missing_claim_reported(&self, pod_uid: &str, entry: &str) {
+        self.missing_reported
+            .add((pod_uid.to_string(), entry.to_string()));
     }
 
     /// Remembers a claim this process created, until the watch shows it.
@@ -294,36 +311,75 @@ impl Caches {
     }
 }
 
-/// A bounded set of UIDs that forgets the oldest first.
-pub struct UidLru {
-    inner: Mutex<(VecDeque<String>, HashSet<String>)>,
+/// A bounded set that forgets the oldest entries first: memory stays flat
+/// however many entries arrive, and recent ones are never the ones lost.
+pub struct RecentSet<T> {
+    inner: Mutex<RecentInner<T>>,
     capacity: usize,
 }
 
-impl UidLru {
+struct RecentInner<T> {
+    /// Entry → the generation it was last added with.
+    members: HashMap<T, u64>,
+    /// Insertion order; an item whose generation no longer matches
+    /// `members` was removed or re-added since, and is skipped.
+    order: VecDeque<(T, u64)>,
+    next: u64,
+}
+
+impl<T: Clone + Eq + std::hash::Hash> RecentSet<T> {
     pub fn new(capacity: usize) -> Self {
-        UidLru {
-            inner: Mutex::new((VecDeque::new(), HashSet::new())),
+        RecentSet {
+            inner: Mutex::new(RecentInner {
+                members: HashMap::new(),
+                order: VecDeque::new(),
+                next: 0,
+            }),
             capacity,
         }
     }
 
-    pub fn add(&self, uid: &str) {
+    pub fn add(&self, item: T) {
         let mut guard = self.inner.lock().unwrap();
-        let (order, set) = &mut *guard;
-        if !set.insert(uid.to_string()) {
+        let inner = &mut *guard;
+        if inner.members.contains_key(&item) {
             return;
         }
-        order.push_back(uid.to_string());
-        while order.len() > self.capacity {
-            if let Some(oldest) = order.pop_front() {
-                set.remove(&oldest);
+        let generation = inner.next;
+        inner.next += 1;
+        inner.members.insert(item.clone(), generation);
+        inner.order.push_back((item, generation));
+        while inner.members.len() > self.capacity {
+            let Some((oldest, generation)) = inner.order.pop_front() else {
+                break;
+            };
+            if inner.members.get(&oldest) == Some(&generation) {
+                inner.members.remove(&oldest);
             }
+        }
+        // Removed entries leave stale slots behind; drop them before the
+        // queue outgrows the set by much.
+        if inner.order.len() > 2 * self.capacity.max(1) {
+            let RecentInner { members, order, .. } = inner;
+            order.retain(|(item, generation)| members.get(item) == Some(generation));
         }
     }
 
-    pub fn contains(&self, uid: &str) -> bool {
-        self.inner.lock().unwrap().1.contains(uid)
+    pub fn contains(&self, item: &T) -> bool {
+        self.inner.lock().unwrap().members.contains_key(item)
+    }
+
+    /// Removes the item; returns whether it was there.
+    pub fn remove(&self, item: &T) -> bool {
+        self.inner.lock().unwrap().members.remove(item).is_some()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap().members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -414,12 +470,49 @@ mod tests {
     }
 
     #[test]
-    fn uid_lru_forgets_oldest() {
-        let lru = UidLru::new(2);
-        lru.add("a");
-        lru.add("b");
-        lru.add("a");
-        lru.add("c");
-        assert!(!lru.contains("a") && lru.contains("b") && lru.contains("c"));
+    fn recent_set_forgets_oldest() {
+        let set = RecentSet::new(2);
+        set.add("a");
+        set.add("b");
+        set.add("a");
+        set.add("c");
+        assert!(!set.contains(&"a") && set.contains(&"b") && set.contains(&"c"));
+    }
+
+    #[test]
+    fn recent_set_keeps_recent_entries_under_churn() {
+        let set = RecentSet::new(100);
+        for i in 0..10_000 {
+            set.add(i);
+            if i % 3 == 0 {
+                assert!(set.remove(&i));
+            }
+        }
+        // The last add (9999) made room by evicting the oldest, then went.
+        assert_eq!(set.len(), 99);
+        // The newest survivors are all there; the oldest are gone.
+        assert!(
+            (9_851..10_000)
+                .filter(|i| i % 3 != 0)
+                .all(|i| set.contains(&i))
+        );
+        assert!(!set.contains(&9_850) && !set.contains(&1));
+        // A removed entry added again counts as new.
+        set.add(9_999);
+        assert!(set.contains(&9_999) && set.len() == 100);
+        let stale = set.inner.lock().unwrap().order.len();
+        assert!(stale <= 200, "order queue bounded: {stale}");
+    }
+
+    #[test]
+    fn created_overlay_expires_on_read() {
+        let caches = Caches::new();
+        caches.remember_created(claim("p-gpu-x", "u1"));
+        // Age the entry past its TTL without a further create.
+        for (_, at) in caches.created.lock().unwrap().values_mut() {
+            *at = Instant::now() - CREATED_CLAIM_TTL - Duration::from_secs(1);
+        }
+        assert!(caches.claim("ns", "p-gpu-x").is_none());
+        assert!(caches.claims_owned_by("u1").is_empty());
     }
 }

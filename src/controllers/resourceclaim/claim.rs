@@ -22,9 +22,25 @@ use crate::naming::{DELETE_PROTECTION_FINALIZER, controlling_pod};
 pub enum LivePod {
     /// No such pod, or one with another UID.
     Gone,
-    /// The pod exists with this UID: keep the reservation (the scheduler may
-    /// be binding it right now; our watch has not caught up yet).
-    Present,
+    /// The pod exists with this UID and will never run again (Succeeded,
+    /// Failed, or deleted before it was scheduled). Pods without claims of
+    /// their own, which are not cached, end up here.
+    Done,
+    /// The pod exists with this UID and may run: keep the reservation (the
+    /// scheduler may be binding it right now; our watch has not caught up).
+    Active,
+}
+
+impl LivePod {
+    /// What the API server's answer for the pod named in a reservation of
+    /// the pod with `uid` means.
+    pub fn of(pod: Option<&super::views::PodView>, uid: &str) -> Self {
+        match pod {
+            Some(pod) if pod.uid() == uid && pod.is_done() => LivePod::Done,
+            Some(pod) if pod.uid() == uid => LivePod::Active,
+            _ => LivePod::Gone,
+        }
+    }
 }
 
 /// The writes claim work wants, in order.
@@ -63,7 +79,7 @@ pub fn decide(
     let reserved = &claim.status.reserved_for;
     let mut remaining = Vec::with_capacity(reserved.len());
     let mut lookups = Vec::new();
-    for consumer in reserved {
+    for consumer in reserved.iter() {
         if !is_pod_consumer(consumer) {
             // Other consumer kinds are someone else's business: keep them.
             remaining.push(consumer.clone());
@@ -75,8 +91,8 @@ pub fn decide(
             pod.uid() == consumer.uid && !pod.is_done()
         } else {
             match live.get(&consumer.uid) {
-                Some(LivePod::Gone) => false,
-                Some(LivePod::Present) => true,
+                Some(LivePod::Gone | LivePod::Done) => false,
+                Some(LivePod::Active) => true,
                 None => {
                     lookups.push((consumer.name.clone(), consumer.uid.clone()));
                     true
@@ -198,8 +214,7 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> anyhow::Result<()> {
 async fn lookup_pod(ctx: &Context, ns: &str, name: &str, uid: &str) -> anyhow::Result<LivePod> {
     let api: Api<super::views::PodView> = Api::namespaced(ctx.client.clone(), ns);
     match api.get_opt(name).await {
-        Ok(Some(pod)) if pod.uid() == uid => Ok(LivePod::Present),
-        Ok(_) => Ok(LivePod::Gone),
+        Ok(pod) => Ok(LivePod::of(pod.as_ref(), uid)),
         Err(e) => Err(anyhow::anyhow!(
             "looking up pod {ns}/{name} reserved in a claim: {e}"
         )),

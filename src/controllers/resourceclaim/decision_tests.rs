@@ -3,11 +3,14 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde_json::{Value, json};
 
 use super::cache::{Caches, object_key};
 use super::claim::{self, ClaimActions, ClaimDecision, LivePod};
+use super::enqueue::pod_needs_work;
+use super::observe::first_sight;
 use super::patch::pod_consumer;
 use super::pod::{self, EntryAction};
 use super::test_support::merge;
@@ -30,7 +33,7 @@ fn pod_with(extra: Value) -> PodView {
         "status": {}
     });
     merge(&mut v, extra);
-    serde_json::from_value(v).unwrap()
+    first_sight(serde_json::from_value(v).unwrap(), Instant::now())
 }
 
 fn recorded(name: &str) -> Value {
@@ -114,6 +117,10 @@ enum Want<S = &'static str> {
     Adopt(S),
     Fail(S),
     Reserve(S),
+    /// `ResourceClaimNotAllocated` after the grace period.
+    WarnUnallocated(S),
+    /// A pod on a node lost its recorded claim: told, not replaced.
+    Missing(S),
 }
 
 impl Want<String> {
@@ -131,7 +138,10 @@ impl Want<String> {
                     admin_access: wa,
                 },
             ) => g == wg && a == wa,
-            (Want::Adopt(g), Want::Adopt(w)) | (Want::Reserve(g), Want::Reserve(w)) => g == w,
+            (Want::Adopt(g), Want::Adopt(w))
+            | (Want::Reserve(g), Want::Reserve(w))
+            | (Want::WarnUnallocated(g), Want::WarnUnallocated(w))
+            | (Want::Missing(g), Want::Missing(w)) => g == w,
             (Want::Fail(g), Want::Fail(w)) => g.contains(w),
             _ => false,
         }
@@ -160,6 +170,12 @@ fn summarize(decision: &pod::PodDecision) -> Vec<Want<String>> {
         .collect();
     for r in &decision.reservations {
         out.push(Want::Reserve(r.claim.name().to_string()));
+    }
+    for name in &decision.unallocated {
+        out.push(Want::WarnUnallocated(name.clone()));
+    }
+    for (_, name) in &decision.missing {
+        out.push(Want::Missing(name.clone()));
     }
     if out.is_empty() {
         out.push(Want::Nothing);
@@ -335,6 +351,46 @@ fn pod_work_table() {
             vec![Want::Reserve(GENERATED)],
         ),
         (
+            "pre-scheduled pod, claim not allocated: the user is told",
+            scheduled.clone(),
+            vec![claim_with(GENERATED, owned_by(POD_UID))],
+            vec![plain_template()],
+            all_on,
+            vec![Want::WarnUnallocated(GENERATED)],
+        ),
+        (
+            "bound by a scheduler, claim not allocated in our cache yet: no warning",
+            {
+                let mut v = recorded(GENERATED);
+                merge(
+                    &mut v,
+                    json!({"spec": {"nodeName": "worker"},
+                        "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}),
+                );
+                pod_with(v)
+            },
+            vec![claim_with(GENERATED, owned_by(POD_UID))],
+            vec![plain_template()],
+            all_on,
+            vec![Want::Nothing],
+        ),
+        (
+            "recorded claim gone, pod on a node: told, not replaced",
+            scheduled.clone(),
+            vec![],
+            vec![plain_template()],
+            all_on,
+            vec![Want::Missing(GENERATED)],
+        ),
+        (
+            "recorded claim taken over, pod on a node: told, not replaced",
+            scheduled.clone(),
+            vec![claim_with(GENERATED, owned_by("someone-else"))],
+            vec![plain_template()],
+            all_on,
+            vec![Want::Missing(GENERATED)],
+        ),
+        (
             "stay-reserved (pre-scheduled, already reserved)",
             scheduled,
             vec![{
@@ -382,10 +438,81 @@ fn pod_work_table() {
     ];
     for (name, pod, claims, templates, gates, want) in rows {
         let c = caches(std::slice::from_ref(&pod), &claims, &templates);
-        let got = summarize(&pod::decide(&pod, &c, gates));
+        let decision = pod::decide(&pod, &c, gates);
+        let got = summarize(&decision);
         let matches = got.len() == want.len() && got.iter().zip(&want).all(|(g, w)| g.matches(w));
         assert!(matches, "case {name:?}: got {got:?}, want {want:?}");
+        // What wakes a pod and what its sync does must agree, or work is
+        // either lost or done for nothing.
+        assert_eq!(
+            pod_needs_work(&pod, &c).is_ok(),
+            !decision.is_noop(),
+            "case {name:?}: enqueue predicate and decision disagree"
+        );
     }
+}
+
+#[test]
+fn missing_claim_on_node_is_reported_once() {
+    let pod = pod_with({
+        let mut v = recorded(GENERATED);
+        merge(&mut v, json!({"spec": {"nodeName": "worker"}}));
+        v
+    });
+    let c = caches(std::slice::from_ref(&pod), &[], &[plain_template()]);
+    c.note_missing_claim_reported(POD_UID, ENTRY);
+    let decision = pod::decide(&pod, &c, FeatureGates::default());
+    assert!(decision.is_noop(), "{decision:?}");
+    assert_eq!(
+        decision.recorded.get(ENTRY),
+        Some(&Some(GENERATED.to_string())),
+        "the recorded name stays"
+    );
+    assert!(pod_needs_work(&pod, &c).is_err());
+}
+
+/// Every apply carries every recorded entry: here `a` gets a new claim,
+/// `b` fails (template gone) and keeps the name it had, `c` stays "no
+/// claim needed".
+#[test]
+fn status_apply_keeps_failing_entries() {
+    let pod: PodView = first_sight(
+        serde_json::from_value(json!({
+            "metadata": {"name": POD, "namespace": NS, "uid": POD_UID},
+            "spec": {"resourceClaims": [
+                {"name": "a", "resourceClaimTemplateName": "ta"},
+                {"name": "b", "resourceClaimTemplateName": "tb"},
+                {"name": "c", "resourceClaimTemplateName": "ta"}]},
+            "status": {"resourceClaimStatuses": [
+                {"name": "a", "resourceClaimName": "old-a"},
+                {"name": "b", "resourceClaimName": "old-b"},
+                {"name": "c"}]}
+        }))
+        .unwrap(),
+        Instant::now(),
+    );
+    let ta: TemplateView = serde_json::from_value(json!({
+        "metadata": {"name": "ta", "namespace": NS}, "spec": {"spec": {}}}))
+    .unwrap();
+    let c = caches(std::slice::from_ref(&pod), &[], &[ta]);
+    let decision = pod::decide(&pod, &c, FeatureGates::default());
+    let got = summarize(&decision);
+    assert!(
+        got.len() == 2
+            && matches!(&got[0], Want::Create { generate_name, .. } if generate_name == "test-pod-a-")
+            && matches!(&got[1], Want::Fail(reason) if reason.contains("tb")),
+        "{got:?}"
+    );
+    let mut record = decision.recorded.clone();
+    record.insert("a".into(), Some("new-a".into()));
+    assert_eq!(
+        pod::claim_statuses(&record),
+        vec![
+            json!({"name": "a", "resourceClaimName": "new-a"}),
+            json!({"name": "b", "resourceClaimName": "old-b"}),
+            json!({"name": "c"}),
+        ]
+    );
 }
 
 #[test]
@@ -430,7 +557,7 @@ fn decide_claim(
 ) -> ClaimDecision {
     let c = caches(pods, std::slice::from_ref(claim), &[]);
     for uid in deleted {
-        c.deleted_pods.add(uid);
+        c.deleted_pods.add(uid.to_string());
     }
     let live: HashMap<String, LivePod> = live.iter().map(|(u, s)| (u.to_string(), *s)).collect();
     claim::decide(claim, &c, &live)
@@ -500,7 +627,7 @@ fn claim_work_table() {
             reserved_claim(json!({})),
             vec![],
             vec![],
-            vec![(POD_UID, LivePod::Present)],
+            vec![(POD_UID, LivePod::Active)],
             nothing.clone(),
         ),
         (
@@ -517,6 +644,16 @@ fn claim_work_table() {
             vec![],
             vec![],
             vec![(POD_UID, LivePod::Gone)],
+            act(Some((vec![], true)), false, true, false),
+        ),
+        (
+            // A pod without claims of its own is not cached; the live
+            // lookup tells whether it is done.
+            "clear-reserved-when-done (pod without claims, read live)",
+            reserved_claim(structured.clone()),
+            vec![],
+            vec![],
+            vec![(POD_UID, LivePod::Done)],
             act(Some((vec![], true)), false, true, false),
         ),
         (
@@ -659,5 +796,51 @@ fn claim_work_table() {
             want,
             "case {name:?}"
         );
+    }
+}
+
+#[test]
+fn live_lookup_answers() {
+    let pod = |extra: Value| pod_with(extra);
+    let rows = [
+        ("no such pod", None, LivePod::Gone),
+        (
+            "another pod of that name",
+            Some(pod(json!({"metadata": {"uid": "uid-new"}}))),
+            LivePod::Gone,
+        ),
+        (
+            "running",
+            Some(pod(json!({"status": {"phase": "Running"}}))),
+            LivePod::Active,
+        ),
+        ("pending", Some(pod(json!({}))), LivePod::Active),
+        (
+            "succeeded",
+            Some(pod(json!({"status": {"phase": "Succeeded"}}))),
+            LivePod::Done,
+        ),
+        (
+            "failed",
+            Some(pod(json!({"status": {"phase": "Failed"}}))),
+            LivePod::Done,
+        ),
+        (
+            "deleted before scheduling",
+            Some(pod(
+                json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+            )),
+            LivePod::Done,
+        ),
+        (
+            "terminating on a node: containers may still run",
+            Some(pod(
+                json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"nodeName": "n"}}),
+            )),
+            LivePod::Active,
+        ),
+    ];
+    for (case, answer, want) in rows {
+        assert_eq!(LivePod::of(answer.as_ref(), POD_UID), want, "case {case}");
     }
 }

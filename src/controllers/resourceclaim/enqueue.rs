@@ -3,8 +3,9 @@
 use std::fmt;
 
 use super::cache::Caches;
+use super::pod::{RecordedClaim, recorded_claim_state};
 use super::views::PodView;
-use crate::naming::{ClaimResolution, is_controlled_by, resolve_claim};
+use crate::naming::{ClaimResolution, resolve_claim};
 
 /// A unit of work: a pod or a claim, by namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -72,27 +73,37 @@ pub fn pod_needs_work(pod: &PodView, caches: &Caches) -> Result<&'static str, &'
             ClaimResolution::Unsupported => return Ok("claim entry uses an unsupported API"),
             ClaimResolution::NotCreatedYet => return Ok("must create ResourceClaim from template"),
             ClaimResolution::Skipped => continue,
-            ClaimResolution::Shared(name) | ClaimResolution::Generated(name) => name,
-        };
-        let Some(claim) = caches.claim(pod.namespace(), name) else {
-            if resolution.must_check_owner() {
-                return Ok("recorded ResourceClaim is gone: must create a replacement");
+            ClaimResolution::Generated(name) => {
+                match recorded_claim_state(pod, &entry.name, name, caches) {
+                    RecordedClaim::Usable => name,
+                    RecordedClaim::Replace => {
+                        return Ok(
+                            "recorded ResourceClaim is gone or not the pod's: must create a replacement",
+                        );
+                    }
+                    RecordedClaim::MissingOnNode => {
+                        return Ok(
+                            "recorded ResourceClaim of a pod on a node is gone: must tell the user",
+                        );
+                    }
+                    RecordedClaim::MissingReported => continue,
+                }
             }
-            // A shared claim the user still has to create.
+            ClaimResolution::Shared(name) => name,
+        };
+        // A shared claim the user still has to create is not our business.
+        let Some(claim) = caches.claim(pod.namespace(), name) else {
             continue;
         };
-        if resolution.must_check_owner() && !is_controlled_by(claim.owner_references(), pod.uid()) {
-            return Ok(
-                "recorded ResourceClaim is not controlled by the pod: must create a replacement",
-            );
-        }
         if pod.node_name().is_some() && !claim.is_reserved_for(pod.uid()) {
             if claim.is_allocated() {
                 return Ok("must reserve allocated claim for pre-scheduled pod");
             }
-            // Bound without the scheduler, so nothing will allocate it: the
-            // user has to hear about it (repeats only bump the event count).
-            return Ok("pre-scheduled pod uses a claim nobody will allocate");
+            if pod.is_pre_scheduled() {
+                // Bound without the scheduler, so nothing will allocate it:
+                // the user has to hear about it.
+                return Ok("pre-scheduled pod uses a claim nobody will allocate");
+            }
         }
     }
     Err("nothing to do")
@@ -125,10 +136,12 @@ pub fn keys_for_pod_event(pod: &PodView, deleted: bool, caches: &Caches) -> Vec<
 
 #[cfg(test)]
 mod tests {
+    use super::super::observe::first_sight;
     use super::super::test_support::merge;
     use super::*;
     use serde_json::{Value, json};
     use std::sync::Arc;
+    use std::time::Instant;
 
     fn pod(extra: Value) -> PodView {
         let mut base = json!({
@@ -137,7 +150,7 @@ mod tests {
             "status": {}
         });
         merge(&mut base, extra);
-        serde_json::from_value(base).unwrap()
+        first_sight(serde_json::from_value(base).unwrap(), Instant::now())
     }
 
     fn claim(
@@ -241,6 +254,24 @@ mod tests {
                 true,
             ),
             (
+                // Bound by a scheduler: it allocated the claim before
+                // binding, our claim watch is only behind.
+                "bound-by-scheduler-unallocated",
+                json!({"spec": {"nodeName": "n"}, "status": {
+                    "conditions": [{"type": "PodScheduled", "status": "True"}],
+                    "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "c1"}]}}),
+                Some(claim("c1", "u1", false, &[])),
+                false,
+            ),
+            (
+                // On a node: no replacement, but the user must be told.
+                "recorded-gone-on-node",
+                json!({"spec": {"nodeName": "n"}, "status": {
+                    "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "c1"}]}}),
+                None,
+                true,
+            ),
+            (
                 "shared-missing",
                 json!({"spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "user-claim", "resourceClaimTemplateName": null}]}}),
                 None,
@@ -254,6 +285,10 @@ mod tests {
             }
             let p = pod(extra);
             assert_eq!(pod_needs_work(&p, &caches).is_ok(), want, "case {case}");
+            if case == "recorded-gone-on-node" {
+                caches.note_missing_claim_reported(p.uid(), "gpu");
+                assert!(pod_needs_work(&p, &caches).is_err(), "told once: {case}");
+            }
         }
     }
 

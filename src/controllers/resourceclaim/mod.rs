@@ -6,6 +6,7 @@ pub mod claim;
 pub mod enqueue;
 pub mod events;
 pub mod metrics;
+pub mod observe;
 pub mod patch;
 pub mod pod;
 pub mod views;
@@ -24,7 +25,7 @@ use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
-use tracing::{debug, error, info, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::features::FeatureGates;
 use crate::workqueue::WorkQueue;
@@ -32,10 +33,20 @@ use cache::{Caches, PODS_BY_CLAIM, PODS_BY_TEMPLATE, object_key};
 use enqueue::{WorkKey, keys_for_pod_event, pod_needs_work};
 use events::EventRecorder;
 use metrics::ControllerMetrics;
+use observe::observe;
 use views::{ClaimView, PodView, TemplateView};
 
 /// The queue name, as kube-controller-manager's (`workqueue_*{name="resource_claim"}`).
 pub const QUEUE_NAME: &str = "resource_claim";
+
+/// How a sync that did not fail ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synced {
+    Done,
+    /// Nothing failed, but the key must be looked at again after this
+    /// long (a grace period is running).
+    RecheckAfter(std::time::Duration),
+}
 
 /// Everything a sync needs.
 pub struct Context {
@@ -165,18 +176,26 @@ impl Controller {
         match event {
             Event::Init => self.pod_buffer().clear(),
             Event::InitApply(pod) => {
-                if pod.is_relevant() {
+                // The cache still holds the previous list: the history of a
+                // pod carries over into the new one.
+                let cached = caches.pods.get(&object_key(pod.namespace(), pod.name()));
+                if let Some(pod) = observe(cached.as_deref(), pod, Instant::now()).keep {
                     self.pod_buffer().push(pod);
                 }
             }
             Event::InitDone => {
                 let pods: Vec<Arc<PodView>> = self.pod_buffer().drain(..).map(Arc::new).collect();
-                let entries = pods
+                let entries: Vec<(String, Arc<PodView>)> = pods
                     .iter()
                     .map(|p| (object_key(p.namespace(), p.name()), p.clone()))
                     .collect();
-                for gone in caches.pods.replace(entries) {
-                    self.pod_deleted(&gone);
+                let replaced: Vec<Arc<PodView>> = entries
+                    .iter()
+                    .filter_map(|(key, pod)| caches.pods.get(key).filter(|o| o.uid() != pod.uid()))
+                    .collect();
+                // Absent from the list: deleted while the watch was down.
+                for gone in caches.pods.replace(entries).iter().chain(&replaced) {
+                    self.pod_deleted(gone);
                 }
                 for pod in &pods {
                     self.enqueue(keys_for_pod_event(pod, false, caches));
@@ -189,18 +208,38 @@ impl Controller {
             }
             Event::Apply(pod) => {
                 let key = object_key(pod.namespace(), pod.name());
-                if pod.is_relevant() {
-                    let pod = Arc::new(pod);
-                    caches.pods.apply(key, pod.clone());
-                    self.enqueue(keys_for_pod_event(&pod, false, caches));
-                } else if let Some(old) = caches.pods.delete(&key) {
+                let cached = caches.pods.get(&key);
+                let seen = observe(cached.as_deref(), pod, Instant::now());
+                if seen.replaced
+                    && let Some(old) = &cached
+                {
+                    self.pod_deleted(old);
+                }
+                match seen.keep {
+                    Some(pod) => {
+                        let pod = Arc::new(pod);
+                        caches.pods.apply(key, pod.clone());
+                        self.enqueue(keys_for_pod_event(&pod, false, caches));
+                    }
                     // Replaced under the same name by a pod without claims.
-                    self.pod_deleted(&old);
+                    None if seen.replaced => {
+                        caches.pods.delete(&key);
+                    }
+                    None => {}
                 }
             }
             Event::Delete(pod) => {
                 let key = object_key(pod.namespace(), pod.name());
-                caches.pods.delete(&key);
+                // The cached version may name claims the deleted one no
+                // longer lists (see `observe`). A cached pod with another
+                // UID is a newer pod of that name: it stays.
+                let pod = match caches.pods.get(&key) {
+                    Some(cached) if cached.uid() == pod.uid() => {
+                        caches.pods.delete(&key);
+                        cached
+                    }
+                    _ => Arc::new(pod),
+                };
                 if pod.is_relevant() {
                     self.pod_deleted(&pod);
                 }
@@ -210,7 +249,7 @@ impl Controller {
 
     fn pod_deleted(&self, pod: &PodView) {
         let caches = &self.ctx.caches;
-        caches.deleted_pods.add(pod.uid());
+        caches.deleted_pods.add(pod.uid().to_string());
         self.enqueue(keys_for_pod_event(pod, true, caches));
     }
 
@@ -359,14 +398,25 @@ impl Controller {
     async fn worker(&self) {
         while let Some(key) = self.queue.get().await {
             let started = Instant::now();
-            let result = self.sync(&key).await;
+            // One span per sync: every line logged inside carries the key.
+            let span = info_span!("sync", key = %key);
+            let result = self.sync(&key).instrument(span.clone()).await;
+            let _entered = span.enter();
             match result {
-                Ok(()) => {
+                Ok(Synced::Done) => {
                     self.queue.forget(&key);
-                    debug!(key = %key, elapsed_ms = started.elapsed().as_millis() as u64, "synced");
+                    debug!(elapsed_ms = started.elapsed().as_millis() as u64, "synced");
+                }
+                Ok(Synced::RecheckAfter(delay)) => {
+                    self.queue.forget(&key);
+                    debug!(
+                        delay_ms = delay.as_millis() as u64,
+                        "synced; checking again later"
+                    );
+                    self.queue.add_after(key.clone(), delay);
                 }
                 Err(e) => {
-                    error!(key = %key, error = %format!("{e:#}"), "sync failed; retrying with backoff");
+                    error!(error = %format!("{e:#}"), "sync failed; retrying with backoff");
                     self.queue.add_rate_limited(key.clone());
                 }
             }
@@ -375,29 +425,29 @@ impl Controller {
     }
 
     /// One sync of one key, from the cache's current state.
-    pub async fn sync(&self, key: &WorkKey) -> anyhow::Result<()> {
+    pub async fn sync(&self, key: &WorkKey) -> anyhow::Result<Synced> {
         let ctx = &self.ctx;
         match key {
             WorkKey::Pod { namespace, name } => {
                 let Some(pod) = ctx.caches.pods.get(&object_key(namespace, name)) else {
-                    debug!(pod = %format!("{namespace}/{name}"), "pod is gone; nothing to do");
-                    return Ok(());
+                    debug!("pod is gone; nothing to do");
+                    return Ok(Synced::Done);
                 };
                 let decision = pod::decide(&pod, &ctx.caches, ctx.gates);
                 if let Some(reason) = decision.skipped {
-                    debug!(pod = %format!("{namespace}/{name}"), reason, "nothing to do for pod");
+                    debug!(reason, "nothing to do for pod");
                 }
                 if decision.is_noop() {
-                    return Ok(());
+                    return Ok(Synced::Done);
                 }
                 pod::execute(ctx, &pod, decision).await
             }
             WorkKey::Claim { namespace, name } => {
                 let Some(claim) = ctx.caches.claims.get(&object_key(namespace, name)) else {
-                    debug!(claim = %format!("{namespace}/{name}"), "claim is gone; nothing to do");
-                    return Ok(());
+                    debug!("claim is gone; nothing to do");
+                    return Ok(Synced::Done);
                 };
-                claim::execute(ctx, &claim).await
+                claim::execute(ctx, &claim).await.map(|()| Synced::Done)
             }
         }
     }

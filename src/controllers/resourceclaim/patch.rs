@@ -32,8 +32,10 @@ fn test_resource_version(claim: &ClaimView) -> Value {
            "value": claim.metadata.resource_version.clone().unwrap_or_default()})
 }
 
+/// Tests `reservedFor` against the entries exactly as they were read, not
+/// as our types would write them back.
 fn test_reserved_for(claim: &ClaimView) -> Value {
-    json!({"op": "test", "path": "/status/reservedFor", "value": claim.status.reserved_for})
+    json!({"op": "test", "path": "/status/reservedFor", "value": claim.status.reserved_for.raw()})
 }
 
 /// Adds `consumer` to `status.reservedFor` of the claim as seen.
@@ -54,8 +56,9 @@ pub fn add_reservation(
     }
 }
 
-/// Replaces `status.reservedFor` of the claim as seen with `remaining`, and
-/// clears `status.allocation` when `deallocate` is set.
+/// Replaces `status.reservedFor` of the claim as seen with `remaining` (a
+/// subset of its entries, written back as they were read), and clears
+/// `status.allocation` when `deallocate` is set.
 pub fn remove_reservations(
     seen: &ClaimView,
     remaining: &[ResourceClaimConsumerReference],
@@ -65,7 +68,8 @@ pub fn remove_reservations(
     if remaining.is_empty() {
         ops.push(json!({"op": "remove", "path": "/status/reservedFor"}));
     } else {
-        ops.push(json!({"op": "replace", "path": "/status/reservedFor", "value": remaining}));
+        let kept = seen.status.reserved_for.raw_of(remaining);
+        ops.push(json!({"op": "replace", "path": "/status/reservedFor", "value": kept}));
     }
     if deallocate {
         ops.push(json!({"op": "remove", "path": "/status/allocation"}));
@@ -171,6 +175,25 @@ mod tests {
             {"resource": "pods", "name": "new", "uid": "u3"}
         ]));
         assert!(apply(&raced, &remove_reservations(&seen, &[], true)).is_err());
+    }
+
+    /// A field a newer API server adds to an entry is neither a reason for
+    /// the guard to fail nor dropped from the entries kept.
+    #[test]
+    fn guards_use_entries_as_read() {
+        let doc = server_claim(json!([
+            {"resource": "pods", "name": "p", "uid": "u1", "futureField": {"x": 1}},
+            {"apiGroup": "foo.com", "resource": "foos", "name": "f", "uid": "u9", "futureField": 2}
+        ]));
+        let seen = claim(doc.clone());
+        let keep = vec![seen.status.reserved_for[1].clone()];
+        let out = apply(&doc, &remove_reservations(&seen, &keep, false)).unwrap();
+        assert_eq!(
+            out["status"]["reservedFor"],
+            json!([{"apiGroup": "foo.com", "resource": "foos", "name": "f", "uid": "u9", "futureField": 2}])
+        );
+        let out = apply(&doc, &add_reservation(&seen, &pod_consumer("q", "u2"))).unwrap();
+        assert_eq!(out["status"]["reservedFor"].as_array().unwrap().len(), 3);
     }
 
     #[test]

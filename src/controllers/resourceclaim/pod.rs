@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
 use kube::Resource;
@@ -13,10 +14,10 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
-use super::Context;
 use super::cache::Caches;
 use super::patch;
 use super::views::{ClaimView, PodView, TemplateView};
+use super::{Context, Synced};
 use crate::features::FeatureGates;
 use crate::naming::{
     ClaimResolution, FIELD_MANAGER, POD_CLAIM_NAME_ANNOTATION, generate_name, is_controlled_by,
@@ -27,6 +28,13 @@ use crate::naming::{
 pub const REASON_CREATION_FAILED: &str = "FailedResourceClaimCreation";
 /// Event reason for a pre-scheduled pod whose claim is not allocated.
 pub const REASON_NOT_ALLOCATED: &str = "ResourceClaimNotAllocated";
+/// Event reason for a pod on a node whose recorded claim is gone.
+pub const REASON_CLAIM_MISSING: &str = "ResourceClaimMissing";
+
+/// How long a pre-scheduled pod's claim may stay unallocated before the
+/// user is told. A claim watch that lags behind the pod watch by seconds is
+/// normal; a warning that is usually false teaches people to ignore it.
+pub const NOT_ALLOCATED_GRACE: Duration = Duration::from_secs(10);
 
 /// What to do for one template entry that has no usable claim yet.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,19 +63,28 @@ pub struct Reservation {
 pub struct PodDecision {
     /// Entry actions, in `spec.resourceClaims` order.
     pub entries: Vec<EntryAction>,
-    /// Claim names already recorded and still valid, by entry; re-sent with
-    /// every status apply so that the apply never drops them.
-    pub recorded: BTreeMap<String, String>,
+    /// Every entry of `status.resourceClaimStatuses` as it is now (entry →
+    /// claim name, `None` for "no claim needed"). Every status apply sends
+    /// all of them, with the new names put over them: an apply that left
+    /// one out would remove it, and the kubelet unprepares by these names.
+    pub recorded: BTreeMap<String, Option<String>>,
     pub reservations: Vec<Reservation>,
-    /// Warnings about claims of a pre-scheduled pod that nothing will allocate.
+    /// Claims of a pre-scheduled pod that nothing will allocate (warned
+    /// about once the grace period is over).
     pub unallocated: Vec<String>,
+    /// `(entry, recorded claim)` of a pod on a node whose claim is gone or
+    /// no longer its own: not replaced, the user is told once.
+    pub missing: Vec<(String, String)>,
     /// Why nothing is done, when nothing is.
     pub skipped: Option<&'static str>,
 }
 
 impl PodDecision {
     pub fn is_noop(&self) -> bool {
-        self.entries.is_empty() && self.reservations.is_empty() && self.unallocated.is_empty()
+        self.entries.is_empty()
+            && self.reservations.is_empty()
+            && self.unallocated.is_empty()
+            && self.missing.is_empty()
     }
 }
 
@@ -84,6 +101,10 @@ pub fn decide(pod: &PodView, caches: &Caches, gates: FeatureGates) -> PodDecisio
         return decision;
     }
     let statuses = &pod.status.resource_claim_statuses;
+    decision.recorded = statuses
+        .iter()
+        .map(|s| (s.name.clone(), s.resource_claim_name.clone()))
+        .collect();
     for entry in &pod.spec.resource_claims {
         match resolve_claim(entry, statuses) {
             ClaimResolution::Unsupported => decision.entries.push(EntryAction::Fail {
@@ -95,15 +116,15 @@ pub fn decide(pod: &PodView, caches: &Caches, gates: FeatureGates) -> PodDecisio
                 ),
             }),
             ClaimResolution::Skipped | ClaimResolution::Shared(_) => {}
-            ClaimResolution::Generated(name) => {
-                match caches.claim(pod.namespace(), name) {
-                    Some(claim) if is_controlled_by(claim.owner_references(), pod.uid()) => {
-                        decision.recorded.insert(entry.name.clone(), name.to_string());
-                    }
-                    // Gone, or taken over by someone else: find or make a replacement.
-                    _ => decision.entries.push(adopt_or_create(pod, &entry.name, entry, caches, gates)),
+            ClaimResolution::Generated(name) => match recorded_claim_state(pod, &entry.name, name, caches) {
+                RecordedClaim::Usable | RecordedClaim::MissingReported => {}
+                RecordedClaim::MissingOnNode => {
+                    decision.missing.push((entry.name.clone(), name.to_string()));
                 }
-            }
+                RecordedClaim::Replace => {
+                    decision.entries.push(adopt_or_create(pod, &entry.name, entry, caches, gates));
+                }
+            },
             ClaimResolution::NotCreatedYet => {
                 decision.entries.push(adopt_or_create(pod, &entry.name, entry, caches, gates));
             }
@@ -113,6 +134,40 @@ pub fn decide(pod: &PodView, caches: &Caches, gates: FeatureGates) -> PodDecisio
         decide_reservations(pod, caches, &mut decision);
     }
     decision
+}
+
+/// What a recorded claim name of a template entry means now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordedClaim {
+    /// The claim exists and the pod controls it.
+    Usable,
+    /// Gone or no longer the pod's, and the pod is not on a node yet: find
+    /// or make a replacement (the scheduler will allocate it).
+    Replace,
+    /// Gone or no longer the pod's, and the pod is bound to a node: a
+    /// replacement could never be allocated (the scheduler is done with the
+    /// pod) and the kubelet prepared, and will unprepare, the recorded one.
+    /// Not replaced; the user is told.
+    MissingOnNode,
+    /// As `MissingOnNode`, and the user was told already.
+    MissingReported,
+}
+
+/// Classifies the recorded claim `name` of the pod's template entry.
+pub fn recorded_claim_state(
+    pod: &PodView,
+    entry: &str,
+    name: &str,
+    caches: &Caches,
+) -> RecordedClaim {
+    match caches.claim(pod.namespace(), name) {
+        Some(claim) if is_controlled_by(claim.owner_references(), pod.uid()) => {
+            RecordedClaim::Usable
+        }
+        _ if pod.node_name().is_none() => RecordedClaim::Replace,
+        _ if caches.missing_claim_reported(pod.uid(), entry) => RecordedClaim::MissingReported,
+        _ => RecordedClaim::MissingOnNode,
+    }
 }
 
 fn adopt_or_create(
@@ -227,7 +282,10 @@ fn decide_reservations(pod: &PodView, caches: &Caches, decision: &mut PodDecisio
                 consumer: patch::pod_consumer(pod.name(), pod.uid()),
                 claim,
             });
-        } else {
+        } else if pod.is_pre_scheduled() {
+            // Bound by a scheduler, the claim was allocated before binding
+            // and our watch has not shown it yet; bound without one, nothing
+            // will allocate it.
             decision.unallocated.push(name.to_string());
         }
     }
@@ -235,7 +293,11 @@ fn decide_reservations(pod: &PodView, caches: &Caches, decision: &mut PodDecisio
 
 /// Performs pod work. Returns an error (and the key is retried with
 /// backoff) when any entry failed or a write failed.
-pub async fn execute(ctx: &Context, pod: &PodView, decision: PodDecision) -> anyhow::Result<()> {
+pub async fn execute(
+    ctx: &Context,
+    pod: &PodView,
+    decision: PodDecision,
+) -> anyhow::Result<Synced> {
     let (ns, name) = (pod.namespace(), pod.name());
     let mut record = decision.recorded;
     let mut changed = false;
@@ -244,8 +306,8 @@ pub async fn execute(ctx: &Context, pod: &PodView, decision: PodDecision) -> any
     for action in decision.entries {
         match action {
             EntryAction::Adopt { entry, claim_name } => {
-                info!(pod = %format!("{ns}/{name}"), entry = %entry, claim = %claim_name, "adopting existing claim");
-                record.insert(entry, claim_name);
+                info!(entry = %entry, claim = %claim_name, "adopting existing claim");
+                record.insert(entry, Some(claim_name));
                 changed = true;
             }
             EntryAction::Create {
@@ -255,8 +317,8 @@ pub async fn execute(ctx: &Context, pod: &PodView, decision: PodDecision) -> any
             } => match create_unless_committed(ctx, pod, &entry, &claim).await {
                 Ok(claim) => {
                     ctx.metrics.record_create(true, admin_access);
-                    info!(pod = %format!("{ns}/{name}"), entry = %entry, claim = %claim.name(), "created claim");
-                    record.insert(entry, claim.name().to_string());
+                    info!(entry = %entry, claim = %claim.name(), "created claim");
+                    record.insert(entry, Some(claim.name().to_string()));
                     created.push(claim.name().to_string());
                     ctx.caches.remember_created(claim);
                     changed = true;
@@ -272,13 +334,18 @@ pub async fn execute(ctx: &Context, pod: &PodView, decision: PodDecision) -> any
             EntryAction::Fail { entry, reason } => failures.push((entry, reason)),
         }
     }
-    if changed {
-        // Record what we have even when another entry failed: the claims
-        // made so far are then found by name instead of by adoption.
-        apply_claim_statuses(ctx, ns, name, &record).await?;
-    }
+    // Record what we have even when another entry failed: the claims made
+    // so far are then found by name instead of by adoption. Entries that
+    // failed keep the name they had (it is in `record` from the decision).
+    let applied = if changed {
+        apply_claim_statuses(ctx, ns, name, &record).await
+    } else {
+        Ok(())
+    };
+    // Told whether or not the apply went through: the user needs to know
+    // about each failing entry either way.
     for (entry, reason) in &failures {
-        warn!(pod = %format!("{ns}/{name}"), entry = %entry, reason = %reason, "cannot provide claim");
+        warn!(entry = %entry, reason = %reason, "cannot provide claim");
         ctx.events
             .warn(
                 pod,
@@ -287,33 +354,16 @@ pub async fn execute(ctx: &Context, pod: &PodView, decision: PodDecision) -> any
             )
             .await;
     }
-    if !failures.is_empty() {
-        let (entry, reason) = &failures[0];
+    applied?;
+    if let Some((entry, reason)) = failures.first() {
         anyhow::bail!("pod {ns}/{name}, PodResourceClaim {entry}: {reason}");
     }
-    let mut unallocated = decision.unallocated;
-    if pod.node_name().is_some() {
-        // Claims created just now for a pod bound without the scheduler:
-        // nothing will allocate them either.
-        unallocated.extend(created.iter().cloned());
-    }
-    for claim_name in &unallocated {
-        ctx.events
-            .warn(
-                pod,
-                REASON_NOT_ALLOCATED,
-                &format!(
-                    "ResourceClaim {claim_name} is not allocated, but the pod was bound to node {} \
-                     without the scheduler: nothing will allocate it. Allocate the claim, or create \
-                     the pod without spec.nodeName",
-                    pod.node_name().unwrap_or_default()
-                ),
-            )
-            .await;
+    for (entry, claim_name) in &decision.missing {
+        report_missing_claim(ctx, pod, entry, claim_name).await?;
     }
     for reservation in decision.reservations {
         let claim = &reservation.claim;
-        debug!(pod = %format!("{ns}/{name}"), claim = %claim.name(), "reserving claim for pre-scheduled pod");
+        debug!(claim = %claim.name(), "reserving claim for pre-scheduled pod");
         let p = patch::add_reservation(claim, &reservation.consumer);
         let api: Api<ClaimView> = Api::namespaced(ctx.client.clone(), ns);
         api.patch_status(claim.name(), &PatchParams::default(), &Patch::Json::<()>(p))
@@ -324,8 +374,103 @@ pub async fn execute(ctx: &Context, pod: &PodView, decision: PodDecision) -> any
                     claim.name()
                 )
             })?;
-        info!(pod = %format!("{ns}/{name}"), claim = %claim.name(), "reserved claim for pod");
+        info!(claim = %claim.name(), "reserved claim for pod");
     }
+    if pod.is_pre_scheduled() && !created.is_empty() {
+        // Just made: give whoever may allocate it the grace period too.
+        return Ok(Synced::RecheckAfter(NOT_ALLOCATED_GRACE));
+    }
+    if decision.unallocated.is_empty() {
+        return Ok(Synced::Done);
+    }
+    let waited = pod
+        .history
+        .first_seen
+        .map_or(NOT_ALLOCATED_GRACE, |seen| seen.elapsed());
+    if let Some(left) = NOT_ALLOCATED_GRACE
+        .checked_sub(waited)
+        .filter(|d| !d.is_zero())
+    {
+        return Ok(Synced::RecheckAfter(left));
+    }
+    for claim_name in &decision.unallocated {
+        warn_if_still_unallocated(ctx, pod, claim_name).await?;
+    }
+    Ok(Synced::Done)
+}
+
+/// The claim as the API server has it now, for decisions the cache may be
+/// too late for.
+async fn read_claim(ctx: &Context, ns: &str, name: &str) -> anyhow::Result<Option<ClaimView>> {
+    Api::<ClaimView>::namespaced(ctx.client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(|e| anyhow::anyhow!("reading ResourceClaim {ns}/{name}: {e}"))
+}
+
+/// Warns that a pre-scheduled pod's claim is not allocated, after asking
+/// the API server: the cached claim may be behind.
+async fn warn_if_still_unallocated(
+    ctx: &Context,
+    pod: &PodView,
+    claim_name: &str,
+) -> anyhow::Result<()> {
+    let fresh = read_claim(ctx, pod.namespace(), claim_name).await?;
+    if fresh.is_none_or(|c| c.is_allocated()) {
+        debug!(claim = %claim_name, "claim is allocated (or gone) after all: no warning");
+        return Ok(());
+    }
+    let node = pod.node_name().unwrap_or_default();
+    ctx.events
+        .warn(
+            pod,
+            REASON_NOT_ALLOCATED,
+            &not_allocated_message(claim_name, node),
+        )
+        .await;
+    Ok(())
+}
+
+/// The text of the `ResourceClaimNotAllocated` warning: what happened and
+/// what to do.
+pub fn not_allocated_message(claim_name: &str, node: &str) -> String {
+    format!(
+        "ResourceClaim {claim_name} is not allocated, and nothing will allocate it: the pod was \
+         created with spec.nodeName={node}, which bypasses kube-scheduler, and only the scheduler \
+         allocates claims. Re-create the pod without spec.nodeName and pin it with a node \
+         selector instead (kubernetes.io/hostname: {node}), or allocate the claim yourself"
+    )
+}
+
+/// Tells the user, once, that a pod on a node lost its recorded claim and
+/// is not given a new one. Asks the API server first: a claim missing from
+/// the cache may only be late.
+async fn report_missing_claim(
+    ctx: &Context,
+    pod: &PodView,
+    entry: &str,
+    claim_name: &str,
+) -> anyhow::Result<()> {
+    let fresh = read_claim(ctx, pod.namespace(), claim_name).await?;
+    if fresh.is_some_and(|c| is_controlled_by(c.owner_references(), pod.uid())) {
+        debug!(entry, claim = %claim_name, "recorded claim exists after all: the claim watch is behind");
+        return Ok(());
+    }
+    let node = pod.node_name().unwrap_or_default();
+    warn!(entry, claim = %claim_name, node, "recorded claim of a pod on a node is gone; not replacing it");
+    ctx.events
+        .warn(
+            pod,
+            REASON_CLAIM_MISSING,
+            &format!(
+                "ResourceClaim {claim_name} of PodResourceClaim {entry} was deleted (or is no longer \
+                 controlled by this pod) while the pod is bound to node {node}. No replacement is \
+                 created: it could not be allocated for a pod already on a node, and the kubelet \
+                 releases devices by the recorded name. Delete the pod and create it again"
+            ),
+        )
+        .await;
+    ctx.caches.note_missing_claim_reported(pod.uid(), entry);
     Ok(())
 }
 
@@ -377,6 +522,18 @@ pub fn may_have_committed(err: &kube::Error) -> bool {
     }
 }
 
+/// The `status.resourceClaimStatuses` list of an apply: every entry, in
+/// entry-name order; `None` is an entry without a claim.
+pub fn claim_statuses(record: &BTreeMap<String, Option<String>>) -> Vec<Value> {
+    record
+        .iter()
+        .map(|(entry, claim)| match claim {
+            Some(claim) => json!({"name": entry, "resourceClaimName": claim}),
+            None => json!({"name": entry}),
+        })
+        .collect()
+}
+
 /// Server-side apply of `status.resourceClaimStatuses` with our field
 /// manager. The full set we own is always sent: an apply that left one out
 /// would remove it.
@@ -384,12 +541,9 @@ async fn apply_claim_statuses(
     ctx: &Context,
     ns: &str,
     name: &str,
-    record: &BTreeMap<String, String>,
+    record: &BTreeMap<String, Option<String>>,
 ) -> anyhow::Result<()> {
-    let statuses: Vec<Value> = record
-        .iter()
-        .map(|(entry, claim)| json!({"name": entry, "resourceClaimName": claim}))
-        .collect();
+    let statuses = claim_statuses(record);
     let body = json!({
         "apiVersion": "v1",
         "kind": "Pod",

@@ -7,6 +7,8 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::ops::Deref;
+use std::time::Instant;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{PodResourceClaim, PodResourceClaimStatus};
@@ -117,7 +119,8 @@ macro_rules! namespaced_resource {
     };
 }
 
-/// The fields of a Pod this controller reads.
+/// The fields of a Pod this controller reads, plus what the controller
+/// learned by watching it (see [`super::observe`]).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct PodView {
     #[serde(deserialize_with = "slim_meta")]
@@ -126,6 +129,23 @@ pub struct PodView {
     pub spec: PodViewSpec,
     #[serde(default, deserialize_with = "null_as_default")]
     pub status: PodViewStatus,
+    /// Not from the API: what watching this pod (this UID) has shown.
+    #[serde(skip)]
+    pub history: PodHistory,
+}
+
+/// What the controller learned by watching one pod over time. The API
+/// object alone cannot say whether the pod bypassed the scheduler or which
+/// claims it once named, so this travels from each cached version of the
+/// pod to the next one with the same UID.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodHistory {
+    /// Bound when first seen and no binder reported it scheduled: nothing
+    /// will allocate its claims.
+    pub pre_scheduled: bool,
+    /// When this process first saw the pod (the grace period of the
+    /// not-allocated warning counts from here).
+    pub first_seen: Option<Instant>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -136,6 +156,22 @@ pub struct PodViewSpec {
     pub node_name: Option<String>,
 }
 
+/// Only the `PodScheduled` condition is kept, as a flag: the binding
+/// subresource sets it when a scheduler binds the pod.
+fn scheduled_condition<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    struct Condition {
+        #[serde(rename = "type", default)]
+        type_: String,
+        #[serde(default)]
+        status: String,
+    }
+    let conditions = Option::<Vec<Condition>>::deserialize(d)?.unwrap_or_default();
+    Ok(conditions
+        .iter()
+        .any(|c| c.type_ == "PodScheduled" && c.status == "True"))
+}
+
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodViewStatus {
@@ -143,6 +179,13 @@ pub struct PodViewStatus {
     #[serde(default, deserialize_with = "null_as_default")]
     pub resource_claim_statuses: Vec<PodResourceClaimStatus>,
     pub extended_resource_claim_status: Option<ExtendedClaimRef>,
+    /// `conditions` has `PodScheduled=True`.
+    #[serde(
+        default,
+        rename = "conditions",
+        deserialize_with = "scheduled_condition"
+    )]
+    pub scheduled: bool,
 }
 
 /// `pod.status.extendedResourceClaimStatus`, name only.
@@ -178,6 +221,10 @@ impl PodView {
             .as_ref()
             .map(|s| s.resource_claim_name.as_str())
             .filter(|n| !n.is_empty())
+    }
+    /// Bypassed the scheduler: see [`PodHistory::pre_scheduled`].
+    pub fn is_pre_scheduled(&self) -> bool {
+        self.history.pre_scheduled
     }
     /// Whether the controller has anything to do with this pod at all. Pods
     /// without claim entries or an extended-resource claim are not cached.
@@ -230,7 +277,51 @@ pub struct ClaimViewStatus {
     /// Only whether it is there matters; its content stays on the server.
     pub allocation: Option<serde::de::IgnoredAny>,
     #[serde(default, deserialize_with = "null_as_default")]
-    pub reserved_for: Vec<ResourceClaimConsumerReference>,
+    pub reserved_for: ReservedFor,
+}
+
+/// `status.reservedFor`, typed for decisions and kept as read for the
+/// `test` operations of JSON patches: a field a newer API server adds to an
+/// entry must not make every guard fail.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReservedFor {
+    entries: Vec<ResourceClaimConsumerReference>,
+    raw: Vec<serde_json::Value>,
+}
+
+impl ReservedFor {
+    /// The entries exactly as the API server sent them.
+    pub fn raw(&self) -> &[serde_json::Value] {
+        &self.raw
+    }
+
+    /// The entries as read of those in `keep`, in their order.
+    pub fn raw_of(&self, keep: &[ResourceClaimConsumerReference]) -> Vec<serde_json::Value> {
+        self.entries
+            .iter()
+            .zip(&self.raw)
+            .filter(|(typed, _)| keep.contains(typed))
+            .map(|(_, raw)| raw.clone())
+            .collect()
+    }
+}
+
+impl Deref for ReservedFor {
+    type Target = [ResourceClaimConsumerReference];
+    fn deref(&self) -> &Self::Target {
+        &self.entries
+    }
+}
+
+impl<'de> Deserialize<'de> for ReservedFor {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = Vec::<serde_json::Value>::deserialize(d)?;
+        let entries = raw
+            .iter()
+            .map(|v| serde_json::from_value(v.clone()).map_err(serde::de::Error::custom))
+            .collect::<Result<_, _>>()?;
+        Ok(ReservedFor { entries, raw })
+    }
 }
 
 namespaced_resource!(
