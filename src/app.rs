@@ -114,6 +114,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         &identity,
     )?;
     tokio::spawn(controller.clone().run_watches());
+    tokio::spawn(controller.clone().run_resync(args.min_resync_period));
     {
         // Ready once the caches are loaded; a standby is ready too.
         let controller = controller.clone();

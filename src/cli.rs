@@ -35,6 +35,10 @@ pub struct Args {
     #[arg(long, default_value = "", value_parser = parse_gates)]
     pub feature_gates: FeatureGateFlag,
 
+    /// Every cached pod and claim is re-examined at a random period between this and twice this (as kube-controller-manager's informers), from the caches: a missed event heals by itself.
+    #[arg(long, default_value = "12h", value_parser = parse_duration)]
+    pub min_resync_period: Duration,
+
     /// Elect a leader through a Lease before doing any work (turn off only with a single replica).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,

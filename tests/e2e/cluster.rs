@@ -437,6 +437,8 @@ pub struct ControllerOpts {
     pub qps: u32,
     pub burst: u32,
     pub concurrent_syncs: u32,
+    /// `--min-resync-period`; `None` leaves the controller's default.
+    pub min_resync_period: Option<String>,
 }
 
 impl Default for ControllerOpts {
@@ -449,6 +451,7 @@ impl Default for ControllerOpts {
             qps: 500,
             burst: 1000,
             concurrent_syncs: 50,
+            min_resync_period: None,
         }
     }
 }
@@ -489,7 +492,7 @@ impl Controller {
         let (opts, label) = (&spec.opts, spec.label.as_str());
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse()?;
         let health: SocketAddr = format!("127.0.0.1:{}", free_port()).parse()?;
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "--kubeconfig".into(),
             spec.kubeconfig.display().to_string(),
             "--leader-elect-resource-namespace".into(),
@@ -522,6 +525,9 @@ impl Controller {
             "--log-level".into(),
             "info".into(),
         ];
+        if let Some(period) = &opts.min_resync_period {
+            args.extend(["--min-resync-period".into(), period.clone()]);
+        }
         let log = spec.dir.join(format!("controller-{label}.log"));
         let binary = controller_binary()?;
         // Plain text in the log file: no terminal colour codes.

@@ -17,6 +17,11 @@
 //!   this only checks that the watcher recovers), and a share of the
 //!   forwarded watch streams is cut mid-stream after a few seconds (the
 //!   client sees an unexpected EOF and resumes from its last version);
+//! - a share of the forwarded watch streams stalls after a while: the proxy
+//!   stops forwarding bytes but keeps the connection open, as an overloaded
+//!   proxy, a load balancer or a half-open TCP connection does (the client
+//!   sees neither data nor an end); [`FaultProxy::stall_open_watches`]
+//!   stalls every stream open at that moment;
 //! - optionally, claim creations are forwarded but their answer replaced by
 //!   an error: the claim exists, the controller does not know it.
 //!
@@ -64,6 +69,10 @@ pub struct FaultPlan {
     /// Forwarded watch streams cut after a random time in `cut_after`.
     pub cut: u32,
     pub cut_after: (Duration, Duration),
+    /// Forwarded watch streams that go silent (connection kept open) after
+    /// a random time in `stall_after`.
+    pub stall: u32,
+    pub stall_after: (Duration, Duration),
     /// Every watch event reaches the client this much later than the API
     /// server sent it (a lagging watch, as under load).
     pub watch_lag: Duration,
@@ -89,6 +98,7 @@ pub struct FaultCounts {
     pub gone_event: AtomicU64,
     pub gone_http: AtomicU64,
     pub cut: AtomicU64,
+    pub stall: AtomicU64,
     pub lost_create: AtomicU64,
     /// Requests that could not be forwarded (API server down).
     pub upstream_errors: AtomicU64,
@@ -107,6 +117,7 @@ pub struct Counted {
     pub gone_event: u64,
     pub gone_http: u64,
     pub cut: u64,
+    pub stall: u64,
     pub lost_create: u64,
     pub upstream_errors: u64,
 }
@@ -125,6 +136,7 @@ impl FaultCounts {
             gone_event: g(&self.gone_event),
             gone_http: g(&self.gone_http),
             cut: g(&self.cut),
+            stall: g(&self.stall),
             lost_create: g(&self.lost_create),
             upstream_errors: g(&self.upstream_errors),
         }
@@ -137,6 +149,9 @@ struct State {
     plan: FaultPlan,
     counts: Arc<FaultCounts>,
     enabled: AtomicBool,
+    /// Bumped by [`FaultProxy::stall_open_watches`]: every watch stream
+    /// started before the bump goes silent.
+    stall_epoch: tokio::sync::watch::Sender<u64>,
 }
 
 /// A running proxy; it stops when dropped.
@@ -184,6 +199,7 @@ impl FaultProxy {
             plan,
             counts: Arc::default(),
             enabled: AtomicBool::new(true),
+            stall_epoch: tokio::sync::watch::Sender::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(Self {
@@ -195,6 +211,12 @@ impl FaultProxy {
 
     pub fn counts(&self) -> Counted {
         self.state.counts.snapshot()
+    }
+
+    /// Every watch stream open now stops delivering bytes, its connection
+    /// kept open; streams started later are forwarded as usual.
+    pub fn stall_open_watches(&self) {
+        self.state.stall_epoch.send_modify(|e| *e += 1);
     }
 
     /// Turns fault injection on or off; requests are forwarded either way.
@@ -246,7 +268,10 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
 
 /// What to do with one request.
 enum Verdict {
-    Forward { cut_after: Option<Duration> },
+    Forward {
+        cut_after: Option<Duration>,
+        stall_after: Option<Duration>,
+    },
     ForwardThenFail(StatusCode),
     Status(StatusCode, &'static str),
     Hold(Duration),
@@ -263,7 +288,10 @@ fn decide(state: &State, method: &http::Method, path: &str, watch: bool) -> Verd
     let plan = &state.plan;
     let c = &state.counts;
     if !state.enabled.load(Ordering::SeqCst) || plan.spare.iter().any(|s| path.contains(s)) {
-        return Verdict::Forward { cut_after: None };
+        return Verdict::Forward {
+            cut_after: None,
+            stall_after: None,
+        };
     }
     let mut rng = rand::rng();
     let roll = rng.random_range(0..1000u32);
@@ -281,16 +309,25 @@ fn decide(state: &State, method: &http::Method, path: &str, watch: bool) -> Verd
             bump(&c.gone_http);
             return Verdict::Status(StatusCode::GONE, "Expired");
         }
-        let cut = rng.random_range(0..1000u32) < plan.cut;
-        let (lo, hi) = plan.cut_after;
-        let after = cut.then(|| {
-            if hi > lo {
-                rng.random_range(lo..hi)
-            } else {
-                lo
-            }
-        });
-        return Verdict::Forward { cut_after: after };
+        let mut after = |share: u32, (lo, hi): (Duration, Duration)| {
+            (rng.random_range(0..1000u32) < share).then(|| {
+                if hi > lo {
+                    rng.random_range(lo..hi)
+                } else {
+                    lo
+                }
+            })
+        };
+        let cut_after = after(plan.cut, plan.cut_after);
+        // A stream is either cut or stalled, not both.
+        let stall_after = cut_after
+            .is_none()
+            .then(|| after(plan.stall, plan.stall_after))
+            .flatten();
+        return Verdict::Forward {
+            cut_after,
+            stall_after,
+        };
     }
     let table = [
         (plan.conflict, &c.conflict, StatusCode::CONFLICT, "Conflict"),
@@ -335,7 +372,10 @@ fn decide(state: &State, method: &http::Method, path: &str, watch: bool) -> Verd
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         return Verdict::ForwardThenFail(code);
     }
-    Verdict::Forward { cut_after: None }
+    Verdict::Forward {
+        cut_after: None,
+        stall_after: None,
+    }
 }
 
 fn status_json(code: StatusCode, reason: &str) -> serde_json::Value {
@@ -403,10 +443,19 @@ async fn handle(
                 .header(header::CONTENT_TYPE, "application/json")
                 .body(full(status_json(code, reason).to_string()))?)
         }
-        Verdict::Forward { cut_after } => match forward(&state, req).await {
+        Verdict::Forward {
+            cut_after,
+            stall_after,
+        } => match forward(&state, req).await {
             Ok(resp) if watch => {
-                let (lag, counts) = (state.plan.watch_lag, state.counts.clone());
-                Ok(resp.map(|body| watch_body(body, cut_after, lag, counts)))
+                let faults = StreamFaults {
+                    cut_after,
+                    stall_after,
+                    stall_epoch: state.stall_epoch.subscribe(),
+                    lag: state.plan.watch_lag,
+                    counts: state.counts.clone(),
+                };
+                Ok(resp.map(|body| watch_body(body, faults)))
             }
             Ok(resp) => Ok(resp.map(|b| b.map_err(BoxError::from).boxed())),
             Err(e) => {
@@ -459,16 +508,24 @@ async fn forward(state: &State, req: Request<Incoming>) -> Result<Response<Incom
     Ok(Response::from_parts(parts, body))
 }
 
-/// A forwarded watch stream: each event delivered `lag` after the API
-/// server sent it, and, with `cut_after`, the stream ended with an error
-/// then, so the client sees it break off mid-message as when a connection
-/// dies.
-fn watch_body(
-    body: Incoming,
+/// What happens to one forwarded watch stream.
+struct StreamFaults {
+    /// Ended with an error then.
     cut_after: Option<Duration>,
+    /// Silent from then on, connection kept open.
+    stall_after: Option<Duration>,
+    /// Silent from the next bump of the proxy's stall epoch on.
+    stall_epoch: tokio::sync::watch::Receiver<u64>,
+    /// Every event delivered this much later than it arrived.
     lag: Duration,
     counts: Arc<FaultCounts>,
-) -> ProxyBody {
+}
+
+/// A forwarded watch stream: each event delivered `lag` after the API
+/// server sent it; with `cut_after`, the stream ended with an error then,
+/// so the client sees it break off mid-message as when a connection dies;
+/// with a stall, nothing more is delivered and nothing ends it.
+fn watch_body(body: Incoming, faults: StreamFaults) -> ProxyBody {
     type Item = (Instant, Result<Frame<Bytes>, hyper::Error>);
     // A reader stamps frames as they arrive, so the lag is a constant
     // latency, not one that adds up over a burst of events.
@@ -487,27 +544,45 @@ fn watch_body(
             }
         }
     });
-    // No cut: a deadline that never comes within a test.
-    let deadline = Box::pin(tokio::time::sleep(
-        cut_after.unwrap_or(Duration::from_secs(24 * 3600)),
-    ));
-    let stream = futures::stream::unfold(Some((rx, deadline)), move |state| {
+    // No fault: a deadline that never comes within a test.
+    let never = Duration::from_secs(24 * 3600);
+    let StreamFaults {
+        cut_after,
+        stall_after,
+        mut stall_epoch,
+        lag,
+        counts,
+    } = faults;
+    stall_epoch.mark_unchanged();
+    let cut = Box::pin(tokio::time::sleep(cut_after.unwrap_or(never)));
+    let stall = Box::pin(tokio::time::sleep(stall_after.unwrap_or(never)));
+    let stream = futures::stream::unfold(Some((rx, cut, stall, stall_epoch)), move |state| {
         let counts = counts.clone();
         async move {
-            let (mut rx, mut deadline) = state?;
-            tokio::select! {
+            let (mut rx, mut cut, mut stall, mut epoch) = state?;
+            let stalled = tokio::select! {
                 item = rx.recv() => match item? {
                     (at, Ok(f)) => {
                         tokio::time::sleep_until((at + lag).into()).await;
-                        Some((Ok::<Frame<Bytes>, BoxError>(f), Some((rx, deadline))))
+                        return Some((Ok::<Frame<Bytes>, BoxError>(f), Some((rx, cut, stall, epoch))));
                     }
-                    (_, Err(e)) => Some((Err(e.into()), None)),
+                    (_, Err(e)) => return Some((Err(e.into()), None)),
                 },
-                _ = &mut deadline => {
+                _ = &mut cut => {
                     counts.cut.fetch_add(1, Ordering::Relaxed);
-                    Some((Err("watch cut by the e2e fault proxy".into()), None))
+                    return Some((Err("watch cut by the e2e fault proxy".into()), None));
                 }
+                _ = &mut stall => true,
+                changed = epoch.changed() => changed.is_ok(),
+            };
+            if stalled {
+                counts.stall.fetch_add(1, Ordering::Relaxed);
             }
+            // Silent for good: the connection stays open until the
+            // client gives up on it.
+            drop(rx);
+            std::future::pending::<()>().await;
+            None
         }
     });
     BodyExt::boxed(StreamBody::new(stream))

@@ -1,15 +1,19 @@
 //! A batch through a faulty API: the controller talks to the API server
 //! through the fault proxy, which answers a share of its requests with
-//! 409/429/500/503 or holds them, cuts its watches and answers some with
-//! `410 Gone`. Nothing may be lost or doubled.
+//! 409/429/500/503 or holds them, cuts or stalls its watches and answers
+//! some with `410 Gone`. Nothing may be lost or doubled.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use serde_json::json;
 
 use crate::cluster::ControllerOpts;
 use crate::ctx::TestCtx;
 use crate::fault_proxy::{FaultPlan, FaultProxy};
 use crate::faults::{Batch, BatchRun, Tally, check_quiet, relists};
 use crate::invariants::{Expect, Ledger};
+use crate::k8s::{Source, pod_ref, wait_for};
 
 const PODS: usize = 100;
 
@@ -23,8 +27,11 @@ fn plan() -> FaultPlan {
         hold_for: Duration::from_secs(30),
         gone_event: 150,
         gone_http: 50,
-        cut: 1000,
+        // Every watch stream is cut or stalls sooner or later.
+        cut: 850,
         cut_after: (Duration::from_secs(1), Duration::from_secs(5)),
+        stall: 1000,
+        stall_after: (Duration::from_secs(1), Duration::from_secs(5)),
         // A held lease renewal ends leadership by design (the process exits
         // and is restarted); that path has tests of its own, this one is
         // about claim work under faults.
@@ -85,6 +92,7 @@ async fn batch_through_faulty_api() {
     }
     .with("gone_event", counts.gone_event)
     .with("gone_http", counts.gone_http)
+    .with("stall", counts.stall)
     .with("requests", counts.requests)
     .with("watches", counts.watches)
     .with("upstream_errors", counts.upstream_errors)
@@ -102,6 +110,7 @@ async fn batch_through_faulty_api() {
         + counts.unavailable
         + counts.hold
         + counts.cut
+        + counts.stall
         + counts.gone_event
         + counts.gone_http;
     assert!(injected > 0, "the proxy injected no fault: {counts:?}");
@@ -179,4 +188,75 @@ async fn lost_create_answer_504_makes_no_duplicate() {
         Duration::ZERO,
     )
     .await;
+}
+
+/// Every watch stream goes silent while 20 pods run (the proxy stops
+/// forwarding bytes and keeps the connections open, as an overloaded proxy
+/// or a half-open connection does); then 10 of the pods finish. Their
+/// claims must be released and deleted once the silent streams are
+/// replaced: within the watch timeout plus kube-runtime's 5 s margin (at
+/// most 55 s), not the five minutes a default watch trusts a silent stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_watches_are_replaced() {
+    const NAME: &str = "silent_watches_are_replaced";
+    /// Liveness bound of the check (not a speed target): twice the
+    /// controller's worst case.
+    const BOUND: Duration = Duration::from_secs(110);
+    let Some(mut t) = TestCtx::isolated(NAME, ControllerOpts::default(), 0).await else {
+        return;
+    };
+    let proxy = controller_behind_proxy(&mut t, FaultPlan::default()).await;
+    t.create_template("tmpl").await;
+    let mut claims = Vec::new();
+    for i in 0..20 {
+        let name = format!("runner-{i}");
+        t.create_pod(&name, &[("gpu", Source::Template("tmpl"))], None)
+            .await;
+    }
+    for i in 0..20 {
+        let name = format!("runner-{i}");
+        let claim = t.wait_recorded(&name, &["gpu"]).await["gpu"]
+            .metadata
+            .name
+            .clone()
+            .unwrap();
+        let pod = t.pod(&name).await;
+        t.set_pod_phase(&name, "Running").await;
+        t.allocate(&claim, json!([pod_ref(&pod)])).await;
+        claims.push(claim);
+    }
+    // Let the controller see everything before its streams go quiet.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.stall_open_watches();
+    let silent_since = Instant::now();
+    for i in 0..10 {
+        t.set_pod_phase(&format!("runner-{i}"), "Succeeded").await;
+    }
+    wait_for(
+        "the finished pods' claims to be deleted after the watches went silent",
+        BOUND,
+        async || {
+            let left: Vec<String> = t
+                .all_claims()
+                .await?
+                .iter()
+                .filter_map(|c| c.metadata.name.clone())
+                .filter(|n| claims[..10].contains(n))
+                .collect();
+            ensure!(left.is_empty(), "{} still there", left.len());
+            Ok(())
+        },
+    )
+    .await;
+    let resumed = silent_since.elapsed();
+    let counts = proxy.counts();
+    println!(
+        "STALL: {NAME}: work resumed {:.1}s after every watch went silent ({} streams stalled)",
+        resumed.as_secs_f64(),
+        counts.stall
+    );
+    assert!(counts.stall >= 3, "the proxy stalled no watch: {counts:?}");
+    let running = t.all_claims().await.expect("list claims").len();
+    assert_eq!(running, 10, "the running pods keep their claims");
+    t.finish();
 }

@@ -295,3 +295,42 @@ fn messages(events: &[k8s_openapi::api::core::v1::Event]) -> Vec<String> {
         .map(|e| e.message.clone().unwrap_or_default())
         .collect()
 }
+
+/// A stale reservation that no event will ever point at (a pod without
+/// claims of its own finishes: its update concerns no cached object) is
+/// cleaned up by the periodic resync, which re-examines every cached claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resync_cleans_up_a_reservation_no_event_points_at() {
+    const NAME: &str = "resync_cleans_up_a_reservation_no_event_points_at";
+    let opts = crate::cluster::ControllerOpts {
+        min_resync_period: Some("3s".into()),
+        ..Default::default()
+    };
+    let Some(t) = TestCtx::isolated(NAME, opts, 1).await else {
+        return;
+    };
+    let plain = t.create_pod("plain", &[], None).await;
+    t.set_pod_phase("plain", "Running").await;
+    t.create_claim(json!({"name": "shared"})).await;
+    t.allocate("shared", json!([pod_ref(&plain)])).await;
+    holds_for(
+        "the running pod's reservation to stay",
+        Duration::from_secs(2),
+        async || {
+            let c = t.claims().get("shared").await?;
+            ensure!(
+                reserved_names(&c) == ["pods/plain"],
+                "reservedFor {:?}",
+                reserved_names(&c)
+            );
+            Ok(())
+        },
+    )
+    .await;
+    t.set_pod_phase("plain", "Succeeded").await;
+    wait_for("a resync to release the claim", TIMEOUT, async || {
+        ensure_released(&t.claims().get("shared").await?)
+    })
+    .await;
+    t.finish();
+}

@@ -135,6 +135,16 @@ pub fn decide(
     ClaimDecision::Act(actions)
 }
 
+/// Whether claim work for this claim would do anything, judged from the
+/// caches alone (a claim that needs a live lookup counts: only the lookup
+/// can tell).
+pub fn needs_work(claim: &ClaimView, caches: &Caches) -> bool {
+    match decide(claim, caches, &HashMap::new()) {
+        ClaimDecision::NeedLiveLookup(_) => true,
+        ClaimDecision::Act(actions) => actions != ClaimActions::default(),
+    }
+}
+
 /// Performs claim work for the cached claim.
 pub async fn execute(ctx: &Context, claim: &ClaimView) -> anyhow::Result<()> {
     let (ns, name) = (claim.namespace().to_string(), claim.name().to_string());

@@ -844,3 +844,30 @@ fn live_lookup_answers() {
         assert_eq!(LivePod::of(answer.as_ref(), POD_UID), want, "case {case}");
     }
 }
+
+/// What a resync queues: only claims whose work would do something.
+#[test]
+fn claim_needs_work_for_resync() {
+    let running = pod_with(json!({"status": {"phase": "Running"}}));
+    let done = pod_with(json!({"status": {"phase": "Succeeded"}}));
+    let reserved = || {
+        let mut v = allocated(owned_by(POD_UID));
+        merge(&mut v, reserved_for(&[(POD, POD_UID)]));
+        claim_with(GENERATED, v)
+    };
+    let rows = [
+        ("reserved for a running pod", vec![running], true, false),
+        ("reserved for a done pod", vec![done], true, true),
+        ("reserved for a pod not in the cache", vec![], true, true),
+        ("unreserved, owner unknown", vec![], false, false),
+    ];
+    for (case, pods, is_reserved, want) in rows {
+        let claim = if is_reserved {
+            reserved()
+        } else {
+            claim_with(GENERATED, owned_by(POD_UID))
+        };
+        let c = caches(&pods, std::slice::from_ref(&claim), &[]);
+        assert_eq!(claim::needs_work(&claim, &c), want, "case {case}");
+    }
+}

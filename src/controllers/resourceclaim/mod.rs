@@ -18,7 +18,7 @@ mod test_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use kube::Api;
@@ -39,13 +39,39 @@ use views::{ClaimView, PodView, TemplateView};
 /// The queue name, as kube-controller-manager's (`workqueue_*{name="resource_claim"}`).
 pub const QUEUE_NAME: &str = "resource_claim";
 
+/// The shortest server-side timeout of a watch request, in seconds.
+const WATCH_TIMEOUT_MIN_SECS: u32 = 40;
+/// Each watch draws its timeout from `MIN..=MIN + JITTER`, so the three
+/// watches (and the replicas) do not all re-watch at the same moment.
+const WATCH_TIMEOUT_JITTER_SECS: u32 = 10;
+
+/// The configuration of one watch.
+///
+/// Liveness: kube-runtime abandons a watch that delivers nothing, not even
+/// a bookmark, for its server-side timeout plus 5 s, and re-watches from
+/// the last resourceVersion it saw. A healthy stream always delivers or
+/// ends within the timeout (the API server closes it then), so a stream
+/// that stays silent longer is dead: a stalled proxy or load balancer, a
+/// half-open connection. With 40-50 s timeouts such a stream is replaced at
+/// most 55 s after its last byte, at the cost of one watch request per
+/// watch every 40-50 s (kube-runtime's default, 290 s, trusted a silent
+/// stream for five minutes).
+fn watch_config() -> watcher::Config {
+    use rand::Rng;
+    let timeout = WATCH_TIMEOUT_MIN_SECS + rand::rng().random_range(0..=WATCH_TIMEOUT_JITTER_SECS);
+    watcher::Config::default()
+        // Pages keep the memory of the initial list of a big cluster bounded.
+        .page_size(500)
+        .timeout(timeout)
+}
+
 /// How a sync that did not fail ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Synced {
     Done,
     /// Nothing failed, but the key must be looked at again after this
     /// long (a grace period is running).
-    RecheckAfter(std::time::Duration),
+    RecheckAfter(Duration),
 }
 
 /// Everything a sync needs.
@@ -123,14 +149,12 @@ impl Controller {
     /// retried with backoff by kube-runtime; a 410 Gone causes a relist.
     pub async fn run_watches(self: Arc<Self>) {
         let client = self.ctx.client.clone();
-        // Pages keep the memory of the initial list of a big cluster bounded.
-        let config = watcher::Config::default().page_size(500);
         let pods =
-            watcher::watcher(Api::<PodView>::all(client.clone()), config.clone()).default_backoff();
-        let claims = watcher::watcher(Api::<ClaimView>::all(client.clone()), config.clone())
+            watcher::watcher(Api::<PodView>::all(client.clone()), watch_config()).default_backoff();
+        let claims = watcher::watcher(Api::<ClaimView>::all(client.clone()), watch_config())
             .default_backoff();
         let templates =
-            watcher::watcher(Api::<TemplateView>::all(client), config).default_backoff();
+            watcher::watcher(Api::<TemplateView>::all(client), watch_config()).default_backoff();
         tokio::join!(
             self.clone().consume("pods", pods, Self::on_pods),
             self.clone()
@@ -383,6 +407,69 @@ impl Controller {
             claims,
             pods, "leading: queued every claim and every pod that needs work"
         );
+    }
+
+    /// Re-examines every cached pod and claim at a random period between
+    /// `min_period` and twice that, forever (kube-controller-manager's
+    /// `--min-resync-period`, as each of its informers does). Only objects
+    /// whose decision is not a no-op are queued, and only on the leader;
+    /// the resync itself reads the caches and sends nothing.
+    pub async fn run_resync(self: Arc<Self>, min_period: Duration) {
+        // A zero period would spin; a second is the least that makes sense.
+        let min_period = min_period.max(Duration::from_secs(1));
+        tokio::join!(
+            self.resync_every(min_period, "pods", Self::resync_pods),
+            self.resync_every(min_period, "resourceclaims", Self::resync_claims),
+        );
+    }
+
+    async fn resync_every(
+        &self,
+        min_period: Duration,
+        what: &'static str,
+        resync: fn(&Self) -> usize,
+    ) {
+        use rand::Rng;
+        loop {
+            let period = min_period.mul_f64(1.0 + rand::rng().random::<f64>());
+            tokio::time::sleep(period).await;
+            if !self.is_synced() {
+                continue;
+            }
+            let queued = resync(self);
+            info!(
+                resource = what,
+                queued, "resync: queued the cached objects that need work"
+            );
+        }
+    }
+
+    fn resync_pods(&self) -> usize {
+        let caches = &self.ctx.caches;
+        let keys: Vec<WorkKey> = caches
+            .pods
+            .list()
+            .iter()
+            .filter(|pod| pod_needs_work(pod, caches).is_ok())
+            .map(|pod| WorkKey::pod(pod.namespace(), pod.name()))
+            .collect();
+        let queued = keys.len();
+        self.enqueue(keys);
+        queued
+    }
+
+    fn resync_claims(&self) -> usize {
+        let caches = &self.ctx.caches;
+        let keys: Vec<WorkKey> = caches
+            .claims
+            .list()
+            .iter()
+            .filter(|claim| claim::needs_work(claim, caches))
+            .map(|claim| WorkKey::claim(claim.namespace(), claim.name()))
+            .collect();
+        let queued = keys.len();
+        self.enqueue(keys);
+        queued
     }
 
     /// Runs `workers` workers until the queue is shut down.
