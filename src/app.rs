@@ -15,11 +15,27 @@ use crate::leader::{LeaderElection, LeaderElectionOptions};
 
 use tracing_subscriber::EnvFilter;
 
+/// kube's HTTP layer logs every non-2xx answer at ERROR, expected ones
+/// included (a 404 on a lookup, a 409 on a guarded patch, the API server
+/// still starting). Our own lines say what happened at the right level, so
+/// the client's are off unless the filter names `kube_client` itself.
+const KUBE_CLIENT_HTTP_LOGS_OFF: &str = "kube_client::client::builder=off";
+
+/// The tracing filter for a `--log-level` / `RUST_LOG` value.
+pub fn log_filter(spec: &str) -> String {
+    if spec.contains("kube_client") {
+        spec.to_string()
+    } else if spec.trim().is_empty() {
+        format!("info,{KUBE_CLIENT_HTTP_LOGS_OFF}")
+    } else {
+        format!("{spec},{KUBE_CLIENT_HTTP_LOGS_OFF}")
+    }
+}
+
 /// Logs to stderr, as text or JSON, filtered by RUST_LOG or --log-level.
 pub fn init_logging(args: &Args) {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&args.log_level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let spec = std::env::var(EnvFilter::DEFAULT_ENV).unwrap_or_else(|_| args.log_level.clone());
+    let filter = EnvFilter::try_new(log_filter(&spec)).unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -115,6 +131,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     )?;
     tokio::spawn(controller.clone().run_watches());
     tokio::spawn(controller.clone().run_resync(args.min_resync_period));
+    tokio::spawn(controller.clone().run_reachability_probe());
     {
         // Ready once the caches are loaded; a standby is ready too.
         let controller = controller.clone();
@@ -195,4 +212,26 @@ async fn forward_signals(stop: watch::Sender<bool>) {
         _ = int.recv() => info!(signal = "SIGINT", "shutdown requested"),
     }
     let _ = stop.send(true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_http_logs_are_off_unless_asked_for() {
+        let rows = [
+            ("info", "info,kube_client::client::builder=off"),
+            (
+                "info,dra_claim_controller=debug",
+                "info,dra_claim_controller=debug,kube_client::client::builder=off",
+            ),
+            ("", "info,kube_client::client::builder=off"),
+            ("debug,kube_client=debug", "debug,kube_client=debug"),
+        ];
+        for (spec, want) in rows {
+            assert_eq!(log_filter(spec), want, "{spec:?}");
+            assert!(EnvFilter::try_new(log_filter(spec)).is_ok());
+        }
+    }
 }

@@ -13,4 +13,5 @@ pub mod features;
 pub mod http;
 pub mod leader;
 pub mod naming;
+pub mod reachability;
 pub mod workqueue;

@@ -439,6 +439,9 @@ pub struct ControllerOpts {
     pub concurrent_syncs: u32,
     /// `--min-resync-period`; `None` leaves the controller's default.
     pub min_resync_period: Option<String>,
+    /// Lease duration, renew deadline and retry period. Short by default,
+    /// so hand-over tests are quick.
+    pub lease_timing: [&'static str; 3],
 }
 
 impl Default for ControllerOpts {
@@ -452,6 +455,7 @@ impl Default for ControllerOpts {
             burst: 1000,
             concurrent_syncs: 50,
             min_resync_period: None,
+            lease_timing: ["4s", "3s", "1s"],
         }
     }
 }
@@ -501,11 +505,11 @@ impl Controller {
             rbac::LEASE_NAME.into(),
             format!("--leader-elect={}", opts.leader_elect),
             "--leader-elect-lease-duration".into(),
-            "4s".into(),
+            opts.lease_timing[0].into(),
             "--leader-elect-renew-deadline".into(),
-            "3s".into(),
+            opts.lease_timing[1].into(),
             "--leader-elect-retry-period".into(),
-            "1s".into(),
+            opts.lease_timing[2].into(),
             "--metrics-bind-address".into(),
             metrics.to_string(),
             "--health-probe-bind-address".into(),

@@ -152,6 +152,8 @@ struct State {
     /// Bumped by [`FaultProxy::stall_open_watches`]: every watch stream
     /// started before the bump goes silent.
     stall_epoch: tokio::sync::watch::Sender<u64>,
+    /// Every distinct `User-Agent` the client sent.
+    user_agents: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// A running proxy; it stops when dropped.
@@ -200,6 +202,7 @@ impl FaultProxy {
             counts: Arc::default(),
             enabled: AtomicBool::new(true),
             stall_epoch: tokio::sync::watch::Sender::new(0),
+            user_agents: Default::default(),
         });
         let accept = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(Self {
@@ -211,6 +214,18 @@ impl FaultProxy {
 
     pub fn counts(&self) -> Counted {
         self.state.counts.snapshot()
+    }
+
+    /// The distinct `User-Agent` headers of the requests so far (`""` for
+    /// a request without one).
+    pub fn user_agents(&self) -> Vec<String> {
+        self.state
+            .user_agents
+            .lock()
+            .unwrap()
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// Every watch stream open now stops delivering bytes, its connection
@@ -399,6 +414,12 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, BoxError> {
     let watch = is_watch(&req);
+    let agent = req
+        .headers()
+        .get(header::USER_AGENT)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default();
+    state.user_agents.lock().unwrap().insert(agent);
     let counts = &state.counts;
     counts.requests.fetch_add(1, Ordering::Relaxed);
     if watch {

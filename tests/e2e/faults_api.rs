@@ -256,6 +256,13 @@ async fn silent_watches_are_replaced() {
         counts.stall
     );
     assert!(counts.stall >= 3, "the proxy stalled no watch: {counts:?}");
+    // Every request, watches and lease renewals included, says who sends it.
+    let agents = proxy.user_agents();
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        agents.len() == 1 && agents[0].starts_with(&format!("dra-claim-controller/v{version} (")),
+        "User-Agent headers seen: {agents:?}"
+    );
     let running = t.all_claims().await.expect("list claims").len();
     assert_eq!(running, 10, "the running pods keep their claims");
     t.finish();

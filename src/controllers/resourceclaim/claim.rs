@@ -13,6 +13,7 @@ use tracing::{debug, info};
 
 use super::Context;
 use super::cache::{Caches, object_key};
+use super::error::{SyncError, kube_err};
 use super::patch;
 use super::views::ClaimView;
 use crate::naming::{DELETE_PROTECTION_FINALIZER, controlling_pod};
@@ -146,7 +147,7 @@ pub fn needs_work(claim: &ClaimView, caches: &Caches) -> bool {
 }
 
 /// Performs claim work for the cached claim.
-pub async fn execute(ctx: &Context, claim: &ClaimView) -> anyhow::Result<()> {
+pub async fn execute(ctx: &Context, claim: &ClaimView) -> Result<(), SyncError> {
     let (ns, name) = (claim.namespace().to_string(), claim.name().to_string());
     let key = format!("{ns}/{name}");
     let mut live = HashMap::new();
@@ -172,11 +173,9 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> anyhow::Result<()> {
         current = api
             .patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(p))
             .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "removing stale status.reservedFor entries of ResourceClaim {key}: {e}"
-                )
-            })?;
+            .map_err(kube_err(format_args!(
+                "removing stale status.reservedFor entries of ResourceClaim {key}"
+            )))?;
         info!(claim = %key, remaining = remaining.len(), deallocated = *deallocate, "removed stale reservations");
     } else if actions.deallocate {
         current = api
@@ -186,9 +185,9 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> anyhow::Result<()> {
                 &Patch::Json::<()>(patch::deallocate(claim)),
             )
             .await
-            .map_err(|e| {
-                anyhow::anyhow!("clearing status.allocation of ResourceClaim {key}: {e}")
-            })?;
+            .map_err(kube_err(format_args!(
+                "clearing status.allocation of ResourceClaim {key}"
+            )))?;
         info!(claim = %key, "deallocated unused claim that is being deleted");
     }
     if actions.release_finalizer
@@ -197,11 +196,9 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> anyhow::Result<()> {
     {
         api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(p))
             .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "removing finalizer {DELETE_PROTECTION_FINALIZER} of ResourceClaim {key}: {e}"
-                )
-            })?;
+            .map_err(kube_err(format_args!(
+                "removing finalizer {DELETE_PROTECTION_FINALIZER} of ResourceClaim {key}"
+            )))?;
         info!(claim = %key, "removed delete-protection finalizer");
     }
     if actions.delete {
@@ -215,18 +212,21 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> anyhow::Result<()> {
         match api.delete(&name, &params).await {
             Ok(_) => info!(claim = %key, "deleted claim of a pod that is done or replaced"),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => anyhow::bail!("deleting unused generated ResourceClaim {key}: {e}"),
+            Err(e) => {
+                return Err(SyncError::kube(
+                    format_args!("deleting unused generated ResourceClaim {key}"),
+                    e,
+                ));
+            }
         }
     }
     Ok(())
 }
 
-async fn lookup_pod(ctx: &Context, ns: &str, name: &str, uid: &str) -> anyhow::Result<LivePod> {
+async fn lookup_pod(ctx: &Context, ns: &str, name: &str, uid: &str) -> Result<LivePod, SyncError> {
     let api: Api<super::views::PodView> = Api::namespaced(ctx.client.clone(), ns);
-    match api.get_opt(name).await {
-        Ok(pod) => Ok(LivePod::of(pod.as_ref(), uid)),
-        Err(e) => Err(anyhow::anyhow!(
-            "looking up pod {ns}/{name} reserved in a claim: {e}"
-        )),
-    }
+    let pod = api.get_opt(name).await.map_err(kube_err(format_args!(
+        "looking up pod {ns}/{name} reserved in a claim"
+    )))?;
+    Ok(LivePod::of(pod.as_ref(), uid))
 }

@@ -4,6 +4,7 @@
 pub mod cache;
 pub mod claim;
 pub mod enqueue;
+pub mod error;
 pub mod events;
 pub mod metrics;
 pub mod observe;
@@ -25,12 +26,14 @@ use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
-use tracing::{Instrument, debug, error, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::features::FeatureGates;
+use crate::reachability::Reachability;
 use crate::workqueue::WorkQueue;
 use cache::{Caches, PODS_BY_CLAIM, PODS_BY_TEMPLATE, object_key};
 use enqueue::{WorkKey, keys_for_pod_event, pod_needs_work};
+use error::SyncError;
 use events::EventRecorder;
 use metrics::ControllerMetrics;
 use observe::observe;
@@ -65,6 +68,45 @@ fn watch_config() -> watcher::Config {
         .timeout(timeout)
 }
 
+/// First pause before re-watching after a watch failed.
+const WATCH_BACKOFF_MIN: Duration = Duration::from_millis(250);
+/// Longest pause. kube-runtime's default grows to 30 s, so after an API
+/// server outage the caches could stay stale for half a minute after it
+/// answered again; a few watch attempts every 4 s cost next to nothing.
+const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(4);
+
+/// Pauses between failed watch attempts: doubling from
+/// [`WATCH_BACKOFF_MIN`] to [`WATCH_BACKOFF_MAX`] with ±20 % jitter, back to
+/// the start once a watch delivers.
+#[derive(Debug)]
+struct WatchBackoff {
+    next: Duration,
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        WatchBackoff {
+            next: WATCH_BACKOFF_MIN,
+        }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        use rand::Rng;
+        let pause = self.next.mul_f64(rand::rng().random_range(0.8..1.2));
+        self.next = (self.next * 2).min(WATCH_BACKOFF_MAX);
+        Some(pause)
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = WATCH_BACKOFF_MIN;
+    }
+}
+
 /// How a sync that did not fail ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Synced {
@@ -81,6 +123,8 @@ pub struct Context {
     pub gates: FeatureGates,
     pub events: EventRecorder,
     pub metrics: ControllerMetrics,
+    /// Whether the API server answers; workers hold while it does not.
+    pub reachability: Arc<Reachability>,
 }
 
 /// The controller: three watches feeding caches, one queue, N workers.
@@ -115,6 +159,7 @@ impl Controller {
             caches,
             gates,
             metrics,
+            reachability: Arc::new(Reachability::new()),
         });
         Ok(Arc::new(Controller {
             ctx,
@@ -125,6 +170,12 @@ impl Controller {
             claim_init: Default::default(),
             template_init: Default::default(),
         }))
+    }
+
+    /// Probes the API server while it is reported unreachable; runs until
+    /// the process ends.
+    pub async fn run_reachability_probe(self: Arc<Self>) {
+        self.ctx.reachability.probe(self.ctx.client.clone()).await;
     }
 
     pub fn caches(&self) -> &Arc<Caches> {
@@ -149,12 +200,12 @@ impl Controller {
     /// retried with backoff by kube-runtime; a 410 Gone causes a relist.
     pub async fn run_watches(self: Arc<Self>) {
         let client = self.ctx.client.clone();
-        let pods =
-            watcher::watcher(Api::<PodView>::all(client.clone()), watch_config()).default_backoff();
+        let pods = watcher::watcher(Api::<PodView>::all(client.clone()), watch_config())
+            .backoff(WatchBackoff::default());
         let claims = watcher::watcher(Api::<ClaimView>::all(client.clone()), watch_config())
-            .default_backoff();
-        let templates =
-            watcher::watcher(Api::<TemplateView>::all(client), watch_config()).default_backoff();
+            .backoff(WatchBackoff::default());
+        let templates = watcher::watcher(Api::<TemplateView>::all(client), watch_config())
+            .backoff(WatchBackoff::default());
         tokio::join!(
             self.clone().consume("pods", pods, Self::on_pods),
             self.clone()
@@ -483,7 +534,13 @@ impl Controller {
     }
 
     async fn worker(&self) {
-        while let Some(key) = self.queue.get().await {
+        loop {
+            // Through an API server outage, keys wait in the queue rather
+            // than fail one by one.
+            self.ctx.reachability.wait_reachable().await;
+            let Some(key) = self.queue.get().await else {
+                return;
+            };
             let started = Instant::now();
             // One span per sync: every line logged inside carries the key.
             let span = info_span!("sync", key = %key);
@@ -491,10 +548,12 @@ impl Controller {
             let _entered = span.enter();
             match result {
                 Ok(Synced::Done) => {
+                    self.ctx.reachability.report_answer();
                     self.queue.forget(&key);
                     debug!(elapsed_ms = started.elapsed().as_millis() as u64, "synced");
                 }
                 Ok(Synced::RecheckAfter(delay)) => {
+                    self.ctx.reachability.report_answer();
                     self.queue.forget(&key);
                     debug!(
                         delay_ms = delay.as_millis() as u64,
@@ -502,8 +561,23 @@ impl Controller {
                     );
                     self.queue.add_after(key.clone(), delay);
                 }
+                Err(SyncError::Unreachable { .. }) if self.queue.is_shutting_down() => {}
+                Err(e @ SyncError::Unreachable { .. }) => {
+                    // Says nothing about the item: no backoff step, no
+                    // retry counted; the key waits for the API server.
+                    if !self.ctx.reachability.report_unreachable(&e) {
+                        debug!(error = %e, "API server still unreachable");
+                    }
+                    self.queue.add(key.clone());
+                }
+                Err(e @ SyncError::Conflict { .. }) => {
+                    self.ctx.reachability.report_answer();
+                    info!(error = %e, "retrying on fresh state");
+                    self.queue.add_rate_limited(key.clone());
+                }
                 Err(e) => {
-                    error!(error = %format!("{e:#}"), "sync failed; retrying with backoff");
+                    self.ctx.reachability.report_answer();
+                    warn!(error = %e, "sync failed; retrying with backoff");
                     self.queue.add_rate_limited(key.clone());
                 }
             }
@@ -512,7 +586,7 @@ impl Controller {
     }
 
     /// One sync of one key, from the cache's current state.
-    pub async fn sync(&self, key: &WorkKey) -> anyhow::Result<Synced> {
+    pub async fn sync(&self, key: &WorkKey) -> Result<Synced, SyncError> {
         let ctx = &self.ctx;
         match key {
             WorkKey::Pod { namespace, name } => {

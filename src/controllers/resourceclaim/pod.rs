@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 use super::cache::Caches;
+use super::error::{SyncError, kube_err};
 use super::patch;
 use super::views::{ClaimView, PodView, TemplateView};
 use super::{Context, Synced};
@@ -297,7 +298,7 @@ pub async fn execute(
     ctx: &Context,
     pod: &PodView,
     decision: PodDecision,
-) -> anyhow::Result<Synced> {
+) -> Result<Synced, SyncError> {
     let (ns, name) = (pod.namespace(), pod.name());
     let mut record = decision.recorded;
     let mut changed = false;
@@ -356,7 +357,9 @@ pub async fn execute(
     }
     applied?;
     if let Some((entry, reason)) = failures.first() {
-        anyhow::bail!("pod {ns}/{name}, PodResourceClaim {entry}: {reason}");
+        return Err(SyncError::Invalid(format!(
+            "pod {ns}/{name}, PodResourceClaim {entry}: {reason}"
+        )));
     }
     for (entry, claim_name) in &decision.missing {
         report_missing_claim(ctx, pod, entry, claim_name).await?;
@@ -368,12 +371,10 @@ pub async fn execute(
         let api: Api<ClaimView> = Api::namespaced(ctx.client.clone(), ns);
         api.patch_status(claim.name(), &PatchParams::default(), &Patch::Json::<()>(p))
             .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "reserving ResourceClaim {ns}/{} for pod {name}: {e}",
-                    claim.name()
-                )
-            })?;
+            .map_err(kube_err(format_args!(
+                "reserving ResourceClaim {ns}/{} for pod {name}",
+                claim.name()
+            )))?;
         info!(claim = %claim.name(), "reserved claim for pod");
     }
     if pod.is_pre_scheduled() && !created.is_empty() {
@@ -401,11 +402,11 @@ pub async fn execute(
 
 /// The claim as the API server has it now, for decisions the cache may be
 /// too late for.
-async fn read_claim(ctx: &Context, ns: &str, name: &str) -> anyhow::Result<Option<ClaimView>> {
+async fn read_claim(ctx: &Context, ns: &str, name: &str) -> Result<Option<ClaimView>, SyncError> {
     Api::<ClaimView>::namespaced(ctx.client.clone(), ns)
         .get_opt(name)
         .await
-        .map_err(|e| anyhow::anyhow!("reading ResourceClaim {ns}/{name}: {e}"))
+        .map_err(kube_err(format_args!("reading ResourceClaim {ns}/{name}")))
 }
 
 /// Warns that a pre-scheduled pod's claim is not allocated, after asking
@@ -414,7 +415,7 @@ async fn warn_if_still_unallocated(
     ctx: &Context,
     pod: &PodView,
     claim_name: &str,
-) -> anyhow::Result<()> {
+) -> Result<(), SyncError> {
     let fresh = read_claim(ctx, pod.namespace(), claim_name).await?;
     if fresh.is_none_or(|c| c.is_allocated()) {
         debug!(claim = %claim_name, "claim is allocated (or gone) after all: no warning");
@@ -450,7 +451,7 @@ async fn report_missing_claim(
     pod: &PodView,
     entry: &str,
     claim_name: &str,
-) -> anyhow::Result<()> {
+) -> Result<(), SyncError> {
     let fresh = read_claim(ctx, pod.namespace(), claim_name).await?;
     if fresh.is_some_and(|c| is_controlled_by(c.owner_references(), pod.uid())) {
         debug!(entry, claim = %claim_name, "recorded claim exists after all: the claim watch is behind");
@@ -542,7 +543,7 @@ async fn apply_claim_statuses(
     ns: &str,
     name: &str,
     record: &BTreeMap<String, Option<String>>,
-) -> anyhow::Result<()> {
+) -> Result<(), SyncError> {
     let statuses = claim_statuses(record);
     let body = json!({
         "apiVersion": "v1",
@@ -557,8 +558,8 @@ async fn apply_claim_statuses(
         &Patch::Apply(body),
     )
     .await
-    .map_err(|e| {
-        anyhow::anyhow!("recording status.resourceClaimStatuses of pod {ns}/{name}: {e}")
-    })?;
+    .map_err(kube_err(format_args!(
+        "recording status.resourceClaimStatuses of pod {ns}/{name}"
+    )))?;
     Ok(())
 }
