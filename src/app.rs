@@ -85,7 +85,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         burst: args.kube_api_burst,
         kubeconfig: args.kubeconfig.clone(),
     };
-    let client = build_client(&client_opts, &registry).await?;
+    let (client, drain) = build_client(&client_opts, &registry).await?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(forward_signals(stop_tx));
@@ -144,7 +144,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 
     let leader = election.spawn(client, &registry, health.clone())?;
-    let lost = leader.lost();
+    let mut lost = std::pin::pin!(leader.lost());
 
     // Stand by until leading (caches warm), or until told to stop.
     tokio::select! {
@@ -164,26 +164,36 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     );
 
     tokio::select! {
-        reason = lost => {
+        reason = &mut lost => {
             // Never two leaders writing: stop at once and let the Deployment restart us.
             error!(reason = %reason, "lost leadership; exiting");
+            drain.start();
             controller.queue().shut_down();
             return Ok(ExitCode::from(1));
         }
         _ = stopped(stop_rx.clone()) => {}
     }
 
+    // Hand over fast: whatever has not been sent yet is abandoned (the next
+    // leader redoes it: claims are adopted before any is created, writes
+    // are guarded), requests on the wire are awaited, then the lease goes.
     info!(
         timeout_s = args.shutdown_timeout.as_secs_f64(),
-        "shutting down: finishing in-flight syncs"
+        "shutting down: abandoning requests not yet sent, waiting for those in flight"
     );
-    if tokio::time::timeout(args.shutdown_timeout, controller.shut_down())
-        .await
-        .is_err()
-    {
-        warn!(
-            "in-flight syncs did not finish within --shutdown-timeout; releasing the lease anyway"
-        );
+    drain.start();
+    tokio::select! {
+        finished = tokio::time::timeout(args.shutdown_timeout, controller.shut_down()) => {
+            if finished.is_err() {
+                warn!("requests in flight did not finish within --shutdown-timeout; releasing the lease anyway");
+            }
+        }
+        reason = &mut lost => {
+            // Someone else leads already: nothing to release, stop writing now.
+            error!(reason = %reason, "lost leadership while shutting down; exiting");
+            workers.abort();
+            return Ok(ExitCode::from(1));
+        }
     }
     workers.abort();
     leader.release().await;

@@ -81,7 +81,7 @@ impl Default for ClientOptions {
 pub async fn build_client(
     opts: &ClientOptions,
     registry: &Registry,
-) -> anyhow::Result<kube::Client> {
+) -> anyhow::Result<(kube::Client, Drain)> {
     let mut config = load_config(opts).await?;
     // No retries inside the client. kube's default policy re-sends any
     // request, POST included, on 429/503/504: a create that committed before
@@ -108,7 +108,9 @@ pub async fn build_client(
         .authority()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    let layer = ClientLayer::new(opts.qps, opts.burst, metrics, host.clone())?;
+    let drain = Drain::default();
+    let layer =
+        ClientLayer::new(opts.qps, opts.burst, metrics, host.clone())?.with_drain(drain.clone());
 
     tracing::info!(
         %host,
@@ -128,8 +130,47 @@ pub async fn build_client(
         ))
         .with_layer(&layer)
         .build();
-    Ok(client)
+    Ok((client, drain))
 }
+
+/// Stops new requests at a clean shutdown, so that a replica handing over
+/// its lease does not keep writing while its successor starts.
+///
+/// Once [`start`](Self::start)ed, a request that has not been sent yet
+/// (waiting for a token, or not issued) is refused with an error instead
+/// of being sent; requests already on the wire are answered as usual.
+/// Lease requests are exempt: the release must still go out. A sync cut
+/// short this way is redone by the next leader (claims are adopted before
+/// any is created, and every status write is guarded).
+#[derive(Clone, Debug, Default)]
+pub struct Drain(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Drain {
+    pub fn start(&self) {
+        self.0.send_replace(true);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    async fn started(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|d| *d).await;
+    }
+}
+
+/// The error of a request refused by a [`Drain`].
+#[derive(Debug)]
+pub struct NotSent;
+
+impl fmt::Display for NotSent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("request not sent: shutting down")
+    }
+}
+
+impl std::error::Error for NotSent {}
 
 /// `dra-claim-controller/v<version> (<os>/<arch>)`, spelled as client-go's
 /// components spell theirs (Go's names for the architecture).
@@ -282,6 +323,7 @@ pub struct ClientLayer {
     limiter: Option<Arc<DefaultDirectRateLimiter>>,
     metrics: ClientMetrics,
     host: Arc<str>,
+    drain: Drain,
 }
 
 impl fmt::Debug for ClientLayer {
@@ -307,7 +349,14 @@ impl ClientLayer {
             limiter,
             metrics,
             host: host.into().into(),
+            drain: Drain::default(),
         })
+    }
+
+    /// Requests are refused once `drain` has started (see [`Drain`]).
+    pub fn with_drain(mut self, drain: Drain) -> Self {
+        self.drain = drain;
+        self
     }
 
     /// Whether requests wait for tokens at all.
@@ -345,7 +394,7 @@ impl<S, B, RB> Service<Request<B>> for ClientService<S>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S::Error: From<tower::BoxError> + Send + 'static,
     B: Send + 'static,
 {
     type Response = S::Response;
@@ -372,6 +421,10 @@ where
             let labels = [method.as_str(), host.as_str()];
 
             let exempt = is_lease_request(req.uri());
+            let refuse = || S::Error::from(Box::new(NotSent) as tower::BoxError);
+            if !exempt && layer.drain.is_draining() {
+                return Err(refuse());
+            }
             if let Some(limiter) = &layer.limiter {
                 let waiting = Instant::now();
                 if exempt {
@@ -382,7 +435,11 @@ where
                     // a client of its own for the same reason).
                     let _ = limiter.check();
                 } else {
-                    limiter.until_ready().await;
+                    tokio::select! {
+                        _ = limiter.until_ready() => {}
+                        // Not sent yet: abandoned at once on shutdown.
+                        _ = layer.drain.started() => return Err(refuse()),
+                    }
                 }
                 layer
                     .metrics
@@ -420,17 +477,46 @@ mod tests {
     use super::*;
     use governor::clock::FakeRelativeClock;
     use http::{Method, StatusCode};
-    use std::convert::Infallible;
 
     fn ok_service() -> impl Service<
         Request<()>,
         Response = Response<()>,
-        Error = Infallible,
+        Error = tower::BoxError,
         Future = impl Send + 'static,
     > + Clone
     + Send
     + 'static {
-        tower::service_fn(|_req: Request<()>| async { Ok::<_, Infallible>(Response::new(())) })
+        tower::service_fn(|_req: Request<()>| async { Ok::<_, tower::BoxError>(Response::new(())) })
+    }
+
+    #[tokio::test]
+    async fn drain_refuses_requests_not_yet_sent_but_not_lease_requests() {
+        // One token, then one every 100 s: the second request waits.
+        let layer = ClientLayer::new(0.01, 1, ClientMetrics::new(), "h").unwrap();
+        let drain = Drain::default();
+        let svc = layer.with_drain(drain.clone()).layer(ok_service());
+        svc.clone().oneshot(Request::new(())).await.unwrap();
+        let waiting = tokio::spawn(svc.clone().oneshot(Request::new(())));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "waits for a token");
+        drain.start();
+        let refused = tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("abandoned at once")
+            .unwrap();
+        let err = refused.expect_err("refused, not sent");
+        assert!(err.to_string().contains("not sent"), "{err}");
+        assert!(
+            svc.clone().oneshot(Request::new(())).await.is_err(),
+            "nothing new is sent"
+        );
+        let lease = Request::put("/apis/coordination.k8s.io/v1/namespaces/ns/leases/l")
+            .body(())
+            .unwrap();
+        assert!(
+            svc.clone().oneshot(lease).await.is_ok(),
+            "the lease release still goes out"
+        );
     }
 
     #[test]
@@ -586,7 +672,7 @@ mod tests {
 
         let svc = layer.layer(tower::service_fn(|req: Request<()>| async move {
             match req.uri().path() {
-                "/fail" => Err("connection refused"),
+                "/fail" => Err(tower::BoxError::from("connection refused")),
                 "/missing" => Ok(Response::builder()
                     .status(StatusCode::NOT_FOUND)
                     .body(())
@@ -685,7 +771,7 @@ current-context: ctx
             ..ClientOptions::default()
         };
         let registry = Registry::new();
-        let client = build_client(&opts, &registry).await.unwrap();
+        let (client, _drain) = build_client(&opts, &registry).await.unwrap();
         assert_eq!(client.default_namespace(), "ns1");
         // The collectors are registered (label-less vecs show up once used).
         assert!(build_client(&opts, &registry).await.is_err());

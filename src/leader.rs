@@ -1,42 +1,47 @@
-//! Leader election on a `coordination.k8s.io/v1` Lease.
+//! Leader election on a `coordination.k8s.io/v1` Lease, as client-go's
+//! `leaderelection` package does it, in a small loop of our own:
 //!
-//! Acquiring, renewing and releasing the Lease is done by kube-lease-manager.
-//! Its model differs from client-go's, so the parts it cannot express are
-//! implemented here:
-//!
-//! | client-go option | here |
-//! | --- | --- |
-//! | lease duration (15s) | kube-lease-manager `duration`, written to `leaseDurationSeconds` (whole seconds, rounded up) |
-//! | retry period (2s), leader side | kube-lease-manager `grace = duration - retry period`: it renews `grace` seconds before expiry, i.e. one retry period after each renewal; after a failed renewal we call it again one retry period later |
-//! | retry period, standby side | our own poll: one GET of the Lease per retry period (+ up to 20% jitter, as client-go). kube-lease-manager on its own would sleep until the holder's expiry, which after a clean release means up to a lease duration of needless downtime |
-//! | renew deadline (10s) | our own watchdog: if no renewal has succeeded for that long, leadership is declared lost and the elector stops (work must stop too) |
-//! | release on cancel | [`LeaderHandle::release`] (and, best effort, dropping the handle): clears `holderIdentity`, so a standby takes over at its next poll |
-//!
-//! Successful renewals are observed by wrapping the client: every successful
-//! PATCH of our Lease is a renewal (kube-lease-manager renews with a patch
-//! and reports nothing until the lock state changes). The wrapped client
-//! still goes through the process-wide rate limiter.
+//! - **Acquire / renew**: read the Lease, decide with [`may_take`] (free,
+//!   ours, or not changed for a lease duration by *our* clock, so clock
+//!   skew between nodes does not matter), write it with `update` guarded by
+//!   its `resourceVersion` (or `create` when absent). A conflicting writer
+//!   makes the write fail; nobody is overwritten.
+//! - **Renew deadline**: the leader renews every retry period; if no
+//!   renewal succeeded for the renew deadline, leadership is lost and the
+//!   process must stop (never two leaders writing).
+//! - **Standbys watch the one Lease object** (a watch with a
+//!   `metadata.name` field selector, which RBAC authorizes by resource
+//!   name), so a released Lease is taken within a round trip, not at the
+//!   next retry period; they also re-read it every retry period, so a
+//!   broken watch only costs speed.
+//! - **Release**: on a clean stop the leader writes an empty holder (as
+//!   client-go's `ReleaseOnCancel`), guarded by its own last write.
 //!
 //! Losing the lease is final for this elector, as in kube-controller-manager:
 //! the process is expected to stop its controllers and exit, so no half-run
 //! state carries into a later term.
 //!
-//! RBAC: `get`, `create` and `patch` on `leases` in the lease namespace.
+//! RBAC: `create` on `leases` in the lease namespace; `get`, `list`,
+//! `watch` and `update` on the one Lease.
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail, ensure};
-use http::{Method, Request};
+use anyhow::{Context as _, ensure};
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseParams};
+use kube::api::PostParams;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
 use prometheus::{IntGaugeVec, Opts, Registry};
 use rand::Rng;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::http::Health;
 
@@ -57,8 +62,6 @@ pub const POD_NAMESPACE_ENV: &str = "POD_NAMESPACE";
 /// Last-resort lease namespace, where kube-controller-manager keeps its own.
 pub const FALLBACK_NAMESPACE: &str = "kube-system";
 
-/// Kubernetes caps `fieldManager` at 128 characters.
-const MAX_FIELD_MANAGER_LEN: usize = 128;
 /// client-go's `JitterFactor` for the retry period.
 const RETRY_JITTER: f64 = 0.2;
 
@@ -98,18 +101,9 @@ impl Default for LeaderElectionOptions {
     }
 }
 
-/// The timing handed to kube-lease-manager (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseTiming {
-    /// `LeaseParams::duration`: `leaseDurationSeconds`.
-    pub duration_secs: u64,
-    /// `LeaseParams::grace`: renew this long before expiry.
-    pub grace_secs: u64,
-}
-
 impl LeaderElectionOptions {
-    /// Checks client-go's constraints (lease duration > renew deadline >
-    /// 1.2 × retry period > 0) plus whole-second lease timing.
+    /// Checks client-go's constraints: lease duration > renew deadline >
+    /// 1.2 × retry period > 0.
     pub fn validate(&self) -> anyhow::Result<()> {
         ensure!(
             !self.lease_name.is_empty(),
@@ -135,30 +129,15 @@ impl LeaderElectionOptions {
         if let Some(identity) = &self.identity {
             ensure!(!identity.is_empty(), "leader election identity is empty");
         }
-        self.lease_timing().map(|_| ())
-    }
-
-    /// Maps the options onto kube-lease-manager's `duration`/`grace`, which
-    /// are whole seconds with `0 < grace < duration`.
-    pub fn lease_timing(&self) -> anyhow::Result<LeaseTiming> {
-        let duration_secs = ceil_secs(self.lease_duration);
-        let retry_secs = ceil_secs(self.retry_period).max(1);
-        if duration_secs <= retry_secs {
-            bail!(
-                "leader election lease duration ({:?}) must exceed the retry period ({:?}) by at least a second",
-                self.lease_duration,
-                self.retry_period
-            );
-        }
-        Ok(LeaseTiming {
-            duration_secs,
-            grace_secs: duration_secs - retry_secs,
-        })
+        Ok(())
     }
 }
 
-fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+/// `leaseDurationSeconds` is whole seconds: rounded up, so a standby never
+/// takes over before the leader's renew deadline has passed.
+fn whole_seconds(d: Duration) -> i32 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i32::try_from(secs).unwrap_or(i32::MAX)
 }
 
 /// Picks the lease namespace: explicit setting, then the pod's service
@@ -217,38 +196,81 @@ fn random_uuid() -> String {
     )
 }
 
-/// Server-side-apply field manager for our lease writes. kube-lease-manager
-/// relies on managers being distinct per candidate to detect conflicting
-/// acquisitions, so it is derived from the identity; the random tail is kept
-/// if the whole would exceed the API's length limit.
-fn field_manager_for(identity: &str) -> String {
-    let full = format!("leader-election/{identity}");
-    if full.len() <= MAX_FIELD_MANAGER_LEN {
-        return full;
-    }
-    let mut start = full.len() - MAX_FIELD_MANAGER_LEN;
-    while !full.is_char_boundary(start) {
-        start += 1;
-    }
-    full[start..].to_owned()
-}
-
-/// Whether a standby should try to take the lease: it does not exist, has no
-/// holder, is already ours, or its holder let it expire. Expiry compares the
-/// holder's `renewTime` with our clock, as kube-lease-manager does, so clock
-/// skew between nodes shifts takeover by the same amount.
-fn lease_available(spec: Option<&LeaseSpec>, identity: &str, now: SystemTime) -> bool {
+/// Whether we may write ourselves into the Lease: it does not exist, has
+/// no holder, is ours, or has not changed for a whole lease duration since
+/// we first saw it as it is (`unchanged_since`, our own clock). Like
+/// client-go, expiry never compares another node's clock with ours.
+pub fn may_take(
+    spec: Option<&LeaseSpec>,
+    unchanged_since: Instant,
+    now: Instant,
+    identity: &str,
+    lease_duration: Duration,
+) -> bool {
     let Some(spec) = spec else { return true };
     let holder = spec.holder_identity.as_deref().unwrap_or("");
-    if holder.is_empty() || holder == identity {
-        return true;
+    holder.is_empty() || holder == identity || unchanged_since + lease_duration <= now
+}
+
+/// The Lease record that makes `identity` the holder (acquiring or
+/// renewing), from the record as read.
+pub fn claimed_spec(
+    old: Option<&LeaseSpec>,
+    identity: &str,
+    lease_duration: Duration,
+    now: MicroTime,
+) -> LeaseSpec {
+    let old = old.cloned().unwrap_or_default();
+    let renewing = old.holder_identity.as_deref() == Some(identity);
+    let transitions = old.lease_transitions.unwrap_or(0);
+    let had_holder = old
+        .holder_identity
+        .as_deref()
+        .is_some_and(|h| !h.is_empty());
+    LeaseSpec {
+        holder_identity: Some(identity.to_owned()),
+        lease_duration_seconds: Some(whole_seconds(lease_duration)),
+        acquire_time: if renewing {
+            old.acquire_time.clone()
+        } else {
+            Some(now.clone())
+        },
+        renew_time: Some(now),
+        lease_transitions: Some(if renewing || !had_holder {
+            transitions
+        } else {
+            transitions + 1
+        }),
+        ..old
     }
-    let (Some(renew), Some(secs)) = (&spec.renew_time, spec.lease_duration_seconds) else {
-        return true;
-    };
-    let renewed: SystemTime = renew.0.into();
-    let valid_for = Duration::from_secs(u64::try_from(secs).unwrap_or(0));
-    renewed + valid_for < now
+}
+
+/// The record a clean stop writes: no holder (as client-go's release).
+pub fn released_spec(old: &LeaseSpec, now: MicroTime) -> LeaseSpec {
+    LeaseSpec {
+        holder_identity: None,
+        lease_duration_seconds: Some(1),
+        renew_time: Some(now),
+        ..old.clone()
+    }
+}
+
+fn now_micro() -> MicroTime {
+    MicroTime(Timestamp::now())
+}
+
+/// What identifies a version of the Lease record for expiry: a standby's
+/// clock for "unchanged for a lease duration" restarts whenever it changes.
+type RecordKey = (Option<String>, Option<MicroTime>, Option<i32>);
+
+fn record_key(spec: Option<&LeaseSpec>) -> Option<RecordKey> {
+    spec.map(|s| {
+        (
+            s.holder_identity.clone(),
+            s.renew_time.clone(),
+            s.lease_transitions,
+        )
+    })
 }
 
 /// Why leadership ended.
@@ -297,7 +319,6 @@ pub struct LeaderElection {
     lease_name: String,
     namespace: String,
     identity: String,
-    timing: LeaseTiming,
     renew_deadline: Duration,
     retry_period: Duration,
     lease_duration: Duration,
@@ -312,7 +333,6 @@ impl LeaderElection {
             lease_name: opts.lease_name.clone(),
             namespace: namespace_from_environment(opts.lease_namespace.as_deref()),
             identity: opts.identity.clone().unwrap_or_else(default_identity),
-            timing: opts.lease_timing()?,
             renew_deadline: opts.renew_deadline,
             retry_period: opts.retry_period,
             lease_duration: opts.lease_duration,
@@ -345,11 +365,6 @@ impl LeaderElection {
         &self.identity
     }
 
-    /// Timing handed to kube-lease-manager.
-    pub fn timing(&self) -> LeaseTiming {
-        self.timing
-    }
-
     /// Starts the election with these settings.
     pub fn spawn(
         self,
@@ -371,7 +386,7 @@ impl LeaderElection {
         let gauge = status.with_label_values(&[self.lease_name.as_str()]);
 
         if !self.enabled {
-            tracing::info!(lease.name = %self.lease_name, "leader election disabled; acting as leader");
+            tracing::info!(lease = %self.lease_name, "leader election disabled; acting as leader");
             // This replica does the leader's work, so report it as such. No
             // lease is held, so liveness does not track renewals.
             gauge.set(1);
@@ -384,38 +399,51 @@ impl LeaderElection {
 
         gauge.set(0);
         // A leader that has not renewed for a whole lease duration may be
-        // running alongside a new leader; by then our own renew-deadline
-        // watchdog should long have stepped down, so failing liveness means
-        // the elector itself is wedged.
+        // running alongside a new leader; by then the renew deadline should
+        // long have stopped it, so failing liveness means the elector itself
+        // is wedged.
         health.set_max_renewal_staleness(self.lease_duration);
 
-        let (renew_tx, renew_rx) = watch::channel(Instant::now());
-        let client = observe_lease_writes(client, &self.namespace, &self.lease_name, renew_tx);
         let (phase, state) = watch::channel(Phase::Standby);
         let (stop_tx, stop_rx) = oneshot::channel();
-
-        tracing::info!(
-            lease.namespace = %self.namespace,
-            lease.name = %self.lease_name,
-            identity = %self.identity,
-            lease_duration_secs = self.timing.duration_secs,
-            grace_secs = self.timing.grace_secs,
-            renew_deadline = ?self.renew_deadline,
-            retry_period = ?self.retry_period,
-            "starting leader election"
+        // One span for the elector: every line it logs names the lease and
+        // the identity.
+        let span = tracing::info_span!(
+            "leader_election",
+            lease = %format!("{}/{}", self.namespace, self.lease_name),
+            identity = %self.identity
+        );
+        span.in_scope(|| {
+            tracing::info!(
+                lease_duration = ?self.lease_duration,
+                renew_deadline = ?self.renew_deadline,
+                retry_period = ?self.retry_period,
+                "starting leader election"
+            )
+        });
+        let api: Api<Lease> = Api::namespaced(client, &self.namespace);
+        let observed = watch::Sender::new(Observed::default());
+        let watch_task = tokio::spawn(
+            watch_lease(api.clone(), self.lease_name.clone(), observed.clone())
+                .instrument(span.clone()),
         );
         let elector = Elector {
-            api: Api::namespaced(client.clone(), &self.namespace),
+            api,
             cfg: self,
-            client,
-            renewals: renew_rx,
+            observed,
             status: StatusSink {
                 phase,
                 gauge,
                 health,
             },
         };
-        let task = tokio::spawn(elector.run(stop_rx));
+        let task = tokio::spawn(
+            async move {
+                elector.run(stop_rx).await;
+                watch_task.abort();
+            }
+            .instrument(span),
+        );
         Ok(LeaderHandle {
             state,
             control: Control::Running {
@@ -426,39 +454,54 @@ impl LeaderElection {
     }
 }
 
-/// Wraps `client` so that every successful PATCH of the lease reports the
-/// time it was sent on `renewals`.
-fn observe_lease_writes(
-    client: kube::Client,
-    namespace: &str,
-    name: &str,
-    renewals: watch::Sender<Instant>,
-) -> kube::Client {
-    let path = format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}");
-    let default_ns = client.default_namespace().to_owned();
-    let renewals = Arc::new(renewals);
-    let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
-        let client = client.clone();
-        let renewals = renewals.clone();
-        let is_lease_patch = req.method() == Method::PATCH && req.uri().path() == path;
-        // The send time is what the patch wrote as renewTime (near enough),
-        // so staleness is measured conservatively from it.
-        let sent = Instant::now();
-        async move {
-            let resp = client.send(req).await?;
-            if is_lease_patch && resp.status().is_success() {
-                renewals.send_if_modified(|last| {
-                    let newer = sent > *last;
-                    if newer {
-                        *last = sent;
-                    }
-                    newer
-                });
-            }
-            Ok::<_, kube::Error>(resp)
+/// The Lease as last read or watched, and since when it has been as it is.
+#[derive(Debug, Clone, Default)]
+struct Observed {
+    lease: Option<Lease>,
+    /// `None` until the first read.
+    unchanged_since: Option<Instant>,
+}
+
+/// Records a read of the Lease (`None`: it does not exist).
+fn observe(observed: &watch::Sender<Observed>, lease: Option<Lease>) {
+    observed.send_modify(|o| {
+        let same = o.unchanged_since.is_some()
+            && record_key(o.lease.as_ref().and_then(|l| l.spec.as_ref()))
+                == record_key(lease.as_ref().and_then(|l| l.spec.as_ref()));
+        if !same {
+            o.unchanged_since = Some(Instant::now());
         }
+        // The newest resourceVersion, for guarded writes, either way.
+        o.lease = lease;
     });
-    kube::Client::new(svc, default_ns)
+}
+
+/// The holder the observation names (`""` for none).
+fn observed_holder(o: &Observed) -> &str {
+    o.lease
+        .as_ref()
+        .and_then(|l| l.spec.as_ref())
+        .and_then(|s| s.holder_identity.as_deref())
+        .unwrap_or("")
+}
+
+/// Watches the one Lease object, so changes (above all a release) are seen
+/// as they happen. Ends only when aborted.
+async fn watch_lease(api: Api<Lease>, name: String, observed: watch::Sender<Observed>) {
+    let config = watcher::Config::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(50);
+    let mut events = std::pin::pin!(watcher::watcher(api, config).default_backoff());
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
+                observe(&observed, Some(lease));
+            }
+            Ok(watcher::Event::Delete(_)) => observe(&observed, None),
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+            Err(err) => tracing::debug!(error = %err, "watching the lease failed; retrying"),
+        }
+    }
 }
 
 /// Publishes the election state to the handle, the gauge and the probes.
@@ -498,16 +541,21 @@ impl Drop for StatusSink {
 
 struct Elector {
     cfg: LeaderElection,
-    client: kube::Client,
     api: Api<Lease>,
-    renewals: watch::Receiver<Instant>,
+    observed: watch::Sender<Observed>,
     status: StatusSink,
+}
+
+/// Why a write of the Lease did not go through.
+enum WriteFailed {
+    /// Someone else changed it first.
+    Conflict,
+    Other(kube::Error),
 }
 
 impl Elector {
     async fn run(self, mut stop: oneshot::Receiver<()>) {
-        let cfg = &self.cfg;
-        let manager = tokio::select! {
+        let acquired = tokio::select! {
             biased;
             // Sent, or the handle was dropped: either way, stop.
             _ = &mut stop => {
@@ -518,217 +566,221 @@ impl Elector {
                 self.status.ended(LeadershipLost::Released);
                 return;
             }
-            manager = self.campaign() => manager,
+            lease = self.campaign() => lease,
         };
-
-        tracing::info!(
-            lease.namespace = %cfg.namespace,
-            lease.name = %cfg.lease_name,
-            identity = %cfg.identity,
-            "became leader"
-        );
+        tracing::info!("became leader");
         self.status.leading();
 
         let lost = tokio::select! {
             biased;
             _ = &mut stop => None,
-            reason = self.hold(&manager) => Some(reason),
+            reason = self.hold(acquired) => Some(reason),
         };
         match lost {
             Some(reason) => {
-                tracing::warn!(
-                    lease.namespace = %cfg.namespace,
-                    lease.name = %cfg.lease_name,
-                    identity = %cfg.identity,
-                    %reason,
-                    "lost leadership"
-                );
+                tracing::warn!(%reason, "lost leadership");
                 self.status.ended(reason);
             }
             None => {
                 // Stop reporting leadership before giving the lease up, so
                 // nothing here acts as leader once someone else can.
                 self.status.ended(LeadershipLost::Released);
-                match tokio::time::timeout(cfg.renew_deadline, manager.release()).await {
-                    Ok(Ok(())) => tracing::info!(
-                        lease.namespace = %cfg.namespace,
-                        lease.name = %cfg.lease_name,
-                        identity = %cfg.identity,
-                        "released leader lease"
-                    ),
-                    Ok(Err(err)) => tracing::warn!(
-                        lease.namespace = %cfg.namespace,
-                        lease.name = %cfg.lease_name,
-                        error = %err,
-                        "releasing leader lease failed; it will expire instead"
-                    ),
-                    Err(_) => tracing::warn!(
-                        lease.namespace = %cfg.namespace,
-                        lease.name = %cfg.lease_name,
-                        "releasing leader lease timed out; it will expire instead"
-                    ),
-                }
+                self.release_if_ours().await;
             }
         }
     }
 
-    fn manager_builder(&self) -> LeaseManagerBuilder {
-        let cfg = &self.cfg;
-        let params = LeaseParams::new(
-            cfg.identity.clone(),
-            cfg.timing.duration_secs,
-            cfg.timing.grace_secs,
-        )
-        .with_field_manager(field_manager_for(&cfg.identity));
-        LeaseManagerBuilder::new(self.client.clone(), cfg.lease_name.clone())
-            .with_namespace(cfg.namespace.clone())
-            .with_parameters(params)
+    /// Reads the Lease and records what it says.
+    async fn read(&self) -> kube::Result<Option<Lease>> {
+        let lease = self.api.get_opt(&self.cfg.lease_name).await?;
+        observe(&self.observed, lease.clone());
+        Ok(lease)
     }
 
-    /// Polls the lease every retry period and tries to take it when it is
-    /// free; returns the manager that holds it.
-    async fn campaign(&self) -> LeaseManager {
+    /// Writes `spec` over the Lease as read (create when absent), guarded
+    /// by its resourceVersion.
+    async fn write(&self, current: Option<&Lease>, spec: LeaseSpec) -> Result<Lease, WriteFailed> {
+        let pp = PostParams::default();
+        let result = match current {
+            Some(lease) => {
+                let mut next = lease.clone();
+                next.spec = Some(spec);
+                self.api.replace(&self.cfg.lease_name, &pp, &next).await
+            }
+            None => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(self.cfg.lease_name.clone()),
+                        namespace: Some(self.cfg.namespace.clone()),
+                        ..Default::default()
+                    },
+                    spec: Some(spec),
+                };
+                self.api.create(&pp, &lease).await
+            }
+        };
+        match result {
+            Ok(lease) => {
+                observe(&self.observed, Some(lease.clone()));
+                Ok(lease)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Err(WriteFailed::Conflict),
+            Err(err) => Err(WriteFailed::Other(err)),
+        }
+    }
+
+    /// Tries to take the Lease until it is ours; returns it as written.
+    /// Re-reads every retry period (jittered), and at once when the watch
+    /// shows it without a holder (released by its leader).
+    async fn campaign(&self) -> Lease {
         let cfg = &self.cfg;
+        let mut changes = self.observed.subscribe();
         loop {
-            match self.api.get_opt(&cfg.lease_name).await {
-                Ok(lease) => {
-                    let spec = lease.as_ref().and_then(|l| l.spec.as_ref());
-                    if lease_available(spec, &cfg.identity, SystemTime::now()) {
-                        match self.try_acquire().await {
-                            Ok(Some(manager)) => return manager,
-                            Ok(None) => tracing::debug!(
-                                lease.name = %cfg.lease_name,
-                                "lease taken by another candidate first"
-                            ),
-                            Err(err) => tracing::warn!(
-                                lease.namespace = %cfg.namespace,
-                                lease.name = %cfg.lease_name,
-                                error = %format!("{err:#}"),
-                                "acquiring leader lease failed; retrying"
-                            ),
+            match self.read().await {
+                Ok(current) => {
+                    let since = changes
+                        .borrow()
+                        .unchanged_since
+                        .unwrap_or_else(Instant::now);
+                    let spec = current.as_ref().and_then(|l| l.spec.as_ref());
+                    if may_take(
+                        spec,
+                        since,
+                        Instant::now(),
+                        &cfg.identity,
+                        cfg.lease_duration,
+                    ) {
+                        let claimed =
+                            claimed_spec(spec, &cfg.identity, cfg.lease_duration, now_micro());
+                        match self.write(current.as_ref(), claimed).await {
+                            Ok(lease) => return lease,
+                            Err(WriteFailed::Conflict) => {
+                                tracing::debug!("another candidate changed the lease first")
+                            }
+                            Err(WriteFailed::Other(err)) => {
+                                tracing::warn!(error = %err, "acquiring the lease failed; retrying")
+                            }
                         }
                     } else {
                         tracing::debug!(
-                            lease.name = %cfg.lease_name,
-                            holder = spec.and_then(|s| s.holder_identity.as_deref()).unwrap_or(""),
+                            holder = spec
+                                .and_then(|s| s.holder_identity.as_deref())
+                                .unwrap_or(""),
                             "lease held by another candidate"
                         );
                     }
                 }
-                Err(err) => tracing::warn!(
-                    lease.namespace = %cfg.namespace,
-                    lease.name = %cfg.lease_name,
-                    error = %err,
-                    "reading leader lease failed; retrying"
-                ),
+                Err(err) => tracing::warn!(error = %err, "reading the lease failed; retrying"),
             }
-            tokio::time::sleep(jittered(cfg.retry_period)).await;
+            changes.mark_unchanged();
+            tokio::select! {
+                _ = tokio::time::sleep(jittered(cfg.retry_period)) => {}
+                Ok(_) = changes.wait_for(|o| o.unchanged_since.is_some() && observed_holder(o).is_empty()) => {}
+            }
         }
     }
 
-    /// One acquisition attempt. `None` if another candidate won the race
-    /// (kube-lease-manager would then wait for that holder's expiry; we go
-    /// back to polling instead).
-    async fn try_acquire(&self) -> anyhow::Result<Option<LeaseManager>> {
-        let manager = self
-            .manager_builder()
-            .build()
-            .await
-            .context("preparing the lease")?;
-        match tokio::time::timeout(self.cfg.renew_deadline, manager.changed()).await {
-            Ok(Ok(true)) => Ok(Some(manager)),
-            Ok(Ok(false)) | Err(_) => Ok(None),
-            Ok(Err(err)) => Err(err).context("locking the lease"),
-        }
-    }
-
-    /// Keeps the lease renewed until it is lost.
-    async fn hold(&self, manager: &LeaseManager) -> LeadershipLost {
+    /// Renews the Lease every retry period until leadership is lost.
+    async fn hold(&self, mut lease: Lease) -> LeadershipLost {
         let cfg = &self.cfg;
-        let renew_loop = async {
-            loop {
-                match manager.changed().await {
-                    // Already leader; kube-lease-manager only returns on a
-                    // change, so this is not expected.
-                    Ok(true) => {}
-                    Ok(false) => return LeadershipLost::TakenOver,
-                    Err(err) => {
-                        // Retried until the watchdog below gives up.
-                        tracing::warn!(
-                            lease.namespace = %cfg.namespace,
-                            lease.name = %cfg.lease_name,
-                            error = %err,
-                            "renewing leader lease failed; retrying"
-                        );
-                        tokio::time::sleep(cfg.retry_period).await;
-                    }
-                }
-            }
-        };
-
-        let mut renewals = self.renewals.clone();
         let health = &self.status.health;
-        let watchdog = async {
-            // Becoming leader just wrote the lease.
-            let mut last = Instant::now();
-            renewals.mark_unchanged();
-            loop {
-                let deadline = tokio::time::Instant::from_std(last + cfg.renew_deadline);
-                tokio::select! {
-                    biased;
-                    // If the sender were gone (it lives as long as the
-                    // client), the pattern fails and only the deadline runs.
-                    Ok(()) = renewals.changed() => {
-                        let at = *renewals.borrow_and_update();
-                        if at > last {
-                            last = at;
-                            health.record_renewal(at);
-                            tracing::trace!(lease.name = %cfg.lease_name, "renewed leader lease");
-                        }
-                    }
-                    () = tokio::time::sleep_until(deadline) => {
-                        let since_last_renewal = last.elapsed();
-                        if since_last_renewal >= cfg.renew_deadline {
-                            return LeadershipLost::RenewDeadlineExceeded { since_last_renewal };
-                        }
-                    }
-                }
+        let mut last_renewal = Instant::now();
+        let mut changes = self.observed.subscribe();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(cfg.retry_period) => {}
+                // The watch shows another holder: stop at once.
+                Ok(_) = changes.wait_for(|o| {
+                    o.lease.is_some() && observed_holder(o) != cfg.identity
+                }) => return LeadershipLost::TakenOver,
             }
-        };
-
-        tokio::select! {
-            reason = renew_loop => reason,
-            reason = watchdog => reason,
+            let left = cfg.renew_deadline.saturating_sub(last_renewal.elapsed());
+            match tokio::time::timeout(left, self.renew(&lease)).await {
+                Ok(Ok(renewed)) => {
+                    lease = renewed;
+                    last_renewal = Instant::now();
+                    health.record_renewal(last_renewal);
+                    tracing::trace!("renewed the lease");
+                }
+                Ok(Err(Some(reason))) => return reason,
+                Ok(Err(None)) | Err(_) => {}
+            }
+            let since_last_renewal = last_renewal.elapsed();
+            if since_last_renewal >= cfg.renew_deadline {
+                return LeadershipLost::RenewDeadlineExceeded { since_last_renewal };
+            }
         }
     }
 
-    /// Best-effort release by a fresh manager; a no-op unless the lease is
-    /// ours (or already expired).
+    /// One renewal. `Err(Some(_))`: leadership is gone; `Err(None)`: this
+    /// attempt failed, the next may succeed.
+    async fn renew(&self, lease: &Lease) -> Result<Lease, Option<LeadershipLost>> {
+        let cfg = &self.cfg;
+        let renewed = |current: &Lease| {
+            claimed_spec(
+                current.spec.as_ref(),
+                &cfg.identity,
+                cfg.lease_duration,
+                now_micro(),
+            )
+        };
+        match self.write(Some(lease), renewed(lease)).await {
+            Ok(lease) => Ok(lease),
+            Err(WriteFailed::Conflict) => {
+                // Changed since our last write: still ours (someone touched
+                // another field), or someone else's now.
+                let current = self.read().await.map_err(|err| {
+                    tracing::warn!(error = %err, "reading the lease after a conflict failed");
+                    None
+                })?;
+                let ours = current
+                    .as_ref()
+                    .and_then(|l| l.spec.as_ref())
+                    .and_then(|s| s.holder_identity.as_deref())
+                    == Some(cfg.identity.as_str());
+                let Some(current) = current.filter(|_| ours) else {
+                    return Err(Some(LeadershipLost::TakenOver));
+                };
+                self.write(Some(&current), renewed(&current))
+                    .await
+                    .map_err(|_| None)
+            }
+            Err(WriteFailed::Other(err)) => {
+                tracing::warn!(error = %err, "renewing the lease failed; retrying");
+                Err(None)
+            }
+        }
+    }
+
+    /// Gives the Lease up if it is ours, bounded by the renew deadline.
     async fn release_if_ours(&self) {
         let cfg = &self.cfg;
-        let Ok(Some(lease)) = self.api.get_opt(&cfg.lease_name).await else {
-            return;
-        };
-        let ours = lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.holder_identity.as_deref())
-            == Some(cfg.identity.as_str());
-        if !ours {
-            return;
-        }
         let release = async {
-            let manager = self.manager_builder().build().await?;
-            manager.release().await
+            let Some(lease) = self.read().await? else {
+                return Ok(false);
+            };
+            let Some(spec) = lease.spec.as_ref() else {
+                return Ok(false);
+            };
+            if spec.holder_identity.as_deref() != Some(cfg.identity.as_str()) {
+                return Ok(false);
+            }
+            match self
+                .write(Some(&lease), released_spec(spec, now_micro()))
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(WriteFailed::Conflict) => Ok(false),
+                Err(WriteFailed::Other(err)) => Err(err),
+            }
         };
         match tokio::time::timeout(cfg.renew_deadline, release).await {
-            Ok(Ok(())) => tracing::info!(lease.name = %cfg.lease_name, "released leader lease"),
+            Ok(Ok(true)) => tracing::info!("released the lease"),
+            Ok(Ok(false)) => {}
             Ok(Err(err)) => {
-                tracing::warn!(lease.name = %cfg.lease_name, error = %err, "releasing leader lease failed")
+                tracing::warn!(error = %err, "releasing the lease failed; it will expire instead")
             }
-            Err(_) => {
-                tracing::warn!(lease.name = %cfg.lease_name, "releasing leader lease timed out")
-            }
+            Err(_) => tracing::warn!("releasing the lease timed out; it will expire instead"),
         }
     }
 }
@@ -828,8 +880,7 @@ impl LeaderHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-    use k8s_openapi::jiff::Timestamp;
+    use http::Request;
 
     #[test]
     fn namespace_resolution_order() {
@@ -859,48 +910,6 @@ mod tests {
     }
 
     #[test]
-    fn field_manager_fits_the_api_limit_and_keeps_the_unique_tail() {
-        assert_eq!(field_manager_for("h_1"), "leader-election/h_1");
-        let long = format!("{}_{}", "h".repeat(250), random_uuid());
-        let fm = field_manager_for(&long);
-        assert_eq!(fm.len(), MAX_FIELD_MANAGER_LEN);
-        assert!(long.ends_with(&fm));
-    }
-
-    #[test]
-    fn default_options_map_to_lease_manager_timing() {
-        let opts = LeaderElectionOptions::default();
-        opts.validate().unwrap();
-        assert_eq!(opts.lease_name, "dra-claim-controller");
-        // Renew 13s before a 15s expiry = every 2s (the retry period).
-        assert_eq!(
-            opts.lease_timing().unwrap(),
-            LeaseTiming {
-                duration_secs: 15,
-                grace_secs: 13
-            }
-        );
-    }
-
-    #[test]
-    fn sub_second_values_round_up() {
-        let opts = LeaderElectionOptions {
-            lease_duration: Duration::from_millis(4500),
-            renew_deadline: Duration::from_secs(3),
-            retry_period: Duration::from_millis(500),
-            ..Default::default()
-        };
-        opts.validate().unwrap();
-        assert_eq!(
-            opts.lease_timing().unwrap(),
-            LeaseTiming {
-                duration_secs: 5,
-                grace_secs: 4
-            }
-        );
-    }
-
-    #[test]
     fn invalid_options_are_rejected() {
         let base = LeaderElectionOptions::default();
         let bad = [
@@ -924,13 +933,6 @@ mod tests {
                 identity: Some(String::new()),
                 ..base.clone()
             },
-            // Passes client-go's rules but leaves no whole second of grace.
-            LeaderElectionOptions {
-                lease_duration: Duration::from_secs(2),
-                renew_deadline: Duration::from_millis(1900),
-                retry_period: Duration::from_millis(1500),
-                ..base.clone()
-            },
         ];
         for opts in bad {
             assert!(opts.validate().is_err(), "{opts:?}");
@@ -949,51 +951,6 @@ mod tests {
             (le.namespace(), le.identity(), le.lease_name()),
             ("ns1", "me", "dra-claim-controller")
         );
-    }
-
-    fn spec(holder: Option<&str>, renewed: Option<SystemTime>, secs: Option<i32>) -> LeaseSpec {
-        LeaseSpec {
-            holder_identity: holder.map(str::to_owned),
-            renew_time: renewed.map(|t| MicroTime(Timestamp::try_from(t).unwrap())),
-            lease_duration_seconds: secs,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn lease_availability() {
-        let now = SystemTime::now();
-        let ago = |s| now - Duration::from_secs(s);
-        assert!(lease_available(None, "me", now), "no lease or empty spec");
-        assert!(
-            lease_available(Some(&spec(None, None, None)), "me", now),
-            "released"
-        );
-        assert!(lease_available(
-            Some(&spec(Some(""), Some(ago(1)), Some(15))),
-            "me",
-            now
-        ));
-        assert!(lease_available(
-            Some(&spec(Some("me"), Some(ago(1)), Some(15))),
-            "me",
-            now
-        ));
-        assert!(!lease_available(
-            Some(&spec(Some("other"), Some(ago(1)), Some(15))),
-            "me",
-            now
-        ));
-        assert!(lease_available(
-            Some(&spec(Some("other"), Some(ago(16)), Some(15))),
-            "me",
-            now
-        ));
-        assert!(lease_available(
-            Some(&spec(Some("other"), None, Some(15))),
-            "me",
-            now
-        ));
     }
 
     #[tokio::test]
@@ -1043,5 +1000,90 @@ mod tests {
                 .unwrap(),
             LeadershipLost::Released
         );
+    }
+
+    fn spec(holder: Option<&str>, transitions: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: holder.map(str::to_owned),
+            lease_duration_seconds: Some(15),
+            lease_transitions: Some(transitions),
+            acquire_time: Some(MicroTime(Timestamp::UNIX_EPOCH)),
+            renew_time: Some(MicroTime(Timestamp::UNIX_EPOCH)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn who_may_take_the_lease() {
+        let d = Duration::from_secs(15);
+        let seen = Instant::now();
+        let fresh = seen + Duration::from_secs(5);
+        let stale = seen + d;
+        let rows = [
+            ("no lease", None, fresh, true),
+            ("no holder", Some(spec(None, 1)), fresh, true),
+            (
+                "empty holder (released)",
+                Some(spec(Some(""), 1)),
+                fresh,
+                true,
+            ),
+            ("ours", Some(spec(Some("me"), 1)), fresh, true),
+            (
+                "held, changed 5 s ago",
+                Some(spec(Some("other"), 1)),
+                fresh,
+                false,
+            ),
+            (
+                "held, unchanged for a lease duration",
+                Some(spec(Some("other"), 1)),
+                stale,
+                true,
+            ),
+        ];
+        for (case, lease, now, want) in rows {
+            assert_eq!(
+                may_take(lease.as_ref(), seen, now, "me", d),
+                want,
+                "case {case}"
+            );
+        }
+    }
+
+    #[test]
+    fn claimed_records_follow_client_go() {
+        let d = Duration::from_millis(14_500);
+        let now = MicroTime(Timestamp::from_second(1_000).unwrap());
+        let created = claimed_spec(None, "me", d, now.clone());
+        assert_eq!(created.holder_identity.as_deref(), Some("me"));
+        assert_eq!(created.lease_duration_seconds, Some(15), "rounded up");
+        assert_eq!(created.lease_transitions, Some(0));
+        assert_eq!(created.acquire_time, Some(now.clone()));
+
+        let taken = claimed_spec(Some(&spec(Some("other"), 3)), "me", d, now.clone());
+        assert_eq!(
+            taken.lease_transitions,
+            Some(4),
+            "a new holder is a transition"
+        );
+        assert_eq!(taken.acquire_time, Some(now.clone()));
+
+        let from_released = claimed_spec(Some(&spec(None, 3)), "me", d, now.clone());
+        assert_eq!(from_released.lease_transitions, Some(3));
+
+        let renewed = claimed_spec(Some(&spec(Some("me"), 3)), "me", d, now.clone());
+        assert_eq!(renewed.lease_transitions, Some(3));
+        assert_eq!(
+            renewed.acquire_time,
+            Some(MicroTime(Timestamp::UNIX_EPOCH)),
+            "kept while renewing"
+        );
+        assert_eq!(renewed.renew_time, Some(now.clone()));
+
+        let released = released_spec(&renewed, now);
+        assert_eq!(released.holder_identity, None);
+        assert_eq!(released.lease_duration_seconds, Some(1));
+        assert_eq!(released.lease_transitions, Some(3));
     }
 }

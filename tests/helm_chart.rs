@@ -426,7 +426,7 @@ fn role_only_grants_leases_in_release_namespace() {
         vec![("coordination.k8s.io".to_string(), "leases".to_string())]
     );
     let verbs = &rules[&("coordination.k8s.io".to_string(), "leases".to_string())];
-    let expected: BTreeSet<String> = ["get", "create", "update", "patch"]
+    let expected: BTreeSet<String> = ["get", "list", "watch", "create", "update"]
         .iter()
         .map(|s| s.to_string())
         .collect();

@@ -123,7 +123,7 @@ fn builtin() -> Rbac {
                "subjects": subject}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                "metadata": {"name": format!("{sa}-leader-election"), "namespace": SYSTEM_NAMESPACE},
-               "rules": [rule("coordination.k8s.io", &["leases"], &["get", "create", "update", "patch"])]}),
+               "rules": [rule("coordination.k8s.io", &["leases"], &["get", "list", "watch", "create", "update"])]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": format!("{sa}-leader-election"), "namespace": SYSTEM_NAMESPACE},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
