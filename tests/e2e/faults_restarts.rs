@@ -20,7 +20,7 @@ use crate::k8s::wait_for;
 const PODS: usize = 120;
 
 #[derive(Debug, Clone, Copy)]
-enum Victim {
+pub enum Victim {
     Apiserver,
     Etcd,
 }
@@ -48,7 +48,7 @@ async fn wait_part_way(
     .await
 }
 
-async fn restart(t: &mut TestCtx, victim: Victim, at: &str) {
+pub async fn restart(t: &mut TestCtx, victim: Victim, at: &str) {
     let cluster = &mut t.isolated_env().cluster;
     let downtime = Duration::from_secs(2);
     let took = match victim {
@@ -170,7 +170,7 @@ async fn next_claim_write(t: &TestCtx) -> anyhow::Result<()> {
 /// SIGKILLs the controller `kills` times, alternating between a random
 /// moment and right after its next claim write, each time waiting for the
 /// supervisor to start it again (as a Deployment would).
-async fn kill_repeatedly(t: &TestCtx, kills: usize) -> usize {
+pub async fn kill_repeatedly(t: &TestCtx, kills: usize) -> usize {
     let replica = t.replica(0);
     for i in 0..kills {
         if i % 2 == 0 {

@@ -41,6 +41,9 @@ async fn leader_handover_under_load() {
     let opts = ControllerOpts {
         qps: HANDOVER_QPS,
         burst: 30,
+        // kube-controller-manager's defaults, so the figures are the ones
+        // an admin gets.
+        lease_timing: ["15s", "10s", "2s"],
         ..ControllerOpts::default()
     };
     let Some(mut t) = TestCtx::isolated("leader_handover_under_load", opts, 2).await else {
