@@ -16,6 +16,11 @@
 //! controllers then alternate in turn and the table shows medians.
 //! Nothing here asserts on time: it measures and reports.
 
+// The harness modules are shared by `#[path]` between the test, bench and
+// example crates; in each crate they are private, so their `pub` items are
+// "unreachable" by design.
+#![allow(unreachable_pub)]
+
 #[allow(dead_code)]
 #[path = "../tests/e2e/cluster.rs"]
 mod cluster;

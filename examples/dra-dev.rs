@@ -8,6 +8,11 @@
 //! Leader election is off unless a flag says otherwise: one developer, one
 //! replica. Ctrl-C stops the controller and the local API server.
 
+// The harness modules are shared by `#[path]` between the test, bench and
+// example crates; in each crate they are private, so their `pub` items are
+// "unreachable" by design.
+#![allow(unreachable_pub)]
+
 #[path = "../tests/e2e/cluster.rs"]
 #[allow(dead_code)]
 mod cluster;

@@ -41,7 +41,7 @@ pub fn init_logging(args: &Args) {
         .with_writer(std::io::stderr)
         // Colour only for a terminal; log files and collectors get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if args.log_format == "json" {
+    if args.log_format == crate::cli::LogFormat::Json {
         builder.json().flatten_event(true).init();
     } else {
         builder.init();
@@ -78,7 +78,7 @@ pub fn block_on_exit(
 /// leadership is lost (exit 1, so the Deployment restarts the pod).
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let registry = prometheus::Registry::new();
-    let health = Health::new(args.leader_elect_renew_deadline);
+    let health = Health::default();
 
     let client_opts = ClientOptions {
         qps: args.kube_api_qps,
@@ -90,8 +90,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(forward_signals(stop_tx));
     let servers = start_servers(
-        &args.metrics_bind_address,
-        &args.health_probe_bind_address,
+        args.metrics_bind_address,
+        args.health_probe_bind_address,
         registry.clone(),
         health.clone(),
         stopped(stop_rx.clone()),
@@ -103,9 +103,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         lease_name: args.leader_elect_resource_name.clone(),
         lease_namespace: args.leader_elect_resource_namespace.clone(),
         identity: None,
-        lease_duration: args.leader_elect_lease_duration,
-        renew_deadline: args.leader_elect_renew_deadline,
-        retry_period: args.leader_elect_retry_period,
+        lease_duration: args.leader_elect_lease_duration.0,
+        renew_deadline: args.leader_elect_renew_deadline.0,
+        retry_period: args.leader_elect_retry_period.0,
     })?;
     let identity = election.identity().to_string();
     info!(
@@ -130,7 +130,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         &identity,
     )?;
     tokio::spawn(controller.clone().run_watches());
-    tokio::spawn(controller.clone().run_resync(args.min_resync_period));
+    tokio::spawn(controller.clone().run_resync(args.min_resync_period.0));
     tokio::spawn(controller.clone().run_reachability_probe());
     {
         // Ready once the caches are loaded; a standby is ready too.
@@ -178,12 +178,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     // leader redoes it: claims are adopted before any is created, writes
     // are guarded), requests on the wire are awaited, then the lease goes.
     info!(
-        timeout_s = args.shutdown_timeout.as_secs_f64(),
+        timeout_s = args.shutdown_timeout.0.as_secs_f64(),
         "shutting down: abandoning requests not yet sent, waiting for those in flight"
     );
     drain.start();
     tokio::select! {
-        finished = tokio::time::timeout(args.shutdown_timeout, controller.shut_down()) => {
+        finished = tokio::time::timeout(args.shutdown_timeout.0, controller.shut_down()) => {
             if finished.is_err() {
                 warn!("requests in flight did not finish within --shutdown-timeout; releasing the lease anyway");
             }

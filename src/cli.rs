@@ -4,9 +4,15 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 
-use crate::features::FeatureGateFlag;
+use crate::client::{DEFAULT_BURST, DEFAULT_QPS};
+use crate::http::BindAddress;
+use crate::leader::{
+    DEFAULT_LEASE_DURATION, DEFAULT_LEASE_NAME, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD,
+};
+
+use crate::controllers::resourceclaim::features::FeatureGateFlag;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -20,11 +26,11 @@ pub struct Args {
     pub kubeconfig: Option<PathBuf>,
 
     /// Sustained requests per second to the API server, shared by every request of the process (0 = unlimited).
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = DEFAULT_QPS)]
     pub kube_api_qps: f32,
 
     /// Requests that may be sent back to back before the QPS pacing applies.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = DEFAULT_BURST)]
     pub kube_api_burst: u32,
 
     /// Number of workers syncing pods and claims concurrently.
@@ -36,27 +42,27 @@ pub struct Args {
     pub feature_gates: FeatureGateFlag,
 
     /// Every cached pod and claim is re-examined at a random period between this and twice this (as kube-controller-manager's informers), from the caches: a missed event heals by itself.
-    #[arg(long, default_value = "12h", value_parser = parse_duration)]
-    pub min_resync_period: Duration,
+    #[arg(long, default_value_t = FlagDuration(DEFAULT_MIN_RESYNC_PERIOD))]
+    pub min_resync_period: FlagDuration,
 
     /// Elect a leader through a Lease before doing any work (turn off only with a single replica).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
 
     /// How long a lease is valid; a standby takes over this long after the leader stops renewing.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
-    pub leader_elect_lease_duration: Duration,
+    #[arg(long, default_value_t = FlagDuration(DEFAULT_LEASE_DURATION))]
+    pub leader_elect_lease_duration: FlagDuration,
 
     /// How long the leader may fail to renew before it stops working and exits.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub leader_elect_renew_deadline: Duration,
+    #[arg(long, default_value_t = FlagDuration(DEFAULT_RENEW_DEADLINE))]
+    pub leader_elect_renew_deadline: FlagDuration,
 
     /// Pause between attempts to acquire or renew the lease.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
-    pub leader_elect_retry_period: Duration,
+    #[arg(long, default_value_t = FlagDuration(DEFAULT_RETRY_PERIOD))]
+    pub leader_elect_retry_period: FlagDuration,
 
     /// Name of the Lease object.
-    #[arg(long, default_value = "dra-claim-controller")]
+    #[arg(long, default_value = DEFAULT_LEASE_NAME)]
     pub leader_elect_resource_name: String,
 
     /// Namespace of the Lease. Default: the service account's namespace, else $POD_NAMESPACE, else kube-system.
@@ -64,20 +70,20 @@ pub struct Args {
     pub leader_elect_resource_namespace: Option<String>,
 
     /// Address for /metrics (":8080" = all interfaces, "0" = off).
-    #[arg(long, default_value = ":8080")]
-    pub metrics_bind_address: String,
+    #[arg(long, default_value_t = BindAddress::all_interfaces(8080))]
+    pub metrics_bind_address: BindAddress,
 
     /// Address for /healthz and /readyz ("0" = off).
-    #[arg(long, default_value = ":8081")]
-    pub health_probe_bind_address: String,
+    #[arg(long, default_value_t = BindAddress::all_interfaces(8081))]
+    pub health_probe_bind_address: BindAddress,
 
     /// On SIGTERM, how long in-flight syncs may take to finish before the lease is released.
-    #[arg(long, default_value = "20s", value_parser = parse_duration)]
-    pub shutdown_timeout: Duration,
+    #[arg(long, default_value_t = FlagDuration(DEFAULT_SHUTDOWN_TIMEOUT))]
+    pub shutdown_timeout: FlagDuration,
 
-    /// Log format: text or json.
-    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
-    pub log_format: String,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 
     /// Log filter (tracing env-filter syntax), e.g. "info" or "info,dra_claim_controller=debug". RUST_LOG overrides it.
     #[arg(long, default_value = "info")]
@@ -86,6 +92,44 @@ pub struct Args {
 
 fn parse_gates(s: &str) -> Result<FeatureGateFlag, String> {
     s.parse()
+}
+
+/// kube-controller-manager's `--min-resync-period` default.
+pub const DEFAULT_MIN_RESYNC_PERIOD: Duration = Duration::from_secs(12 * 3600);
+/// How long requests already sent may take on SIGTERM.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A duration flag, written and read as Kubernetes flags are ("15s", "2m",
+/// "12h", "500ms"), so defaults are shown from the constants they come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlagDuration(pub Duration);
+
+impl std::str::FromStr for FlagDuration {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_duration(s).map(FlagDuration)
+    }
+}
+
+impl std::fmt::Display for FlagDuration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let d = self.0;
+        let secs = d.as_secs();
+        match (secs, d.subsec_millis(), d.subsec_nanos() % 1_000_000) {
+            (s, 0, 0) if s > 0 && s % 3600 == 0 => write!(f, "{}h", s / 3600),
+            (s, 0, 0) if s > 0 && s % 60 == 0 => write!(f, "{}m", s / 60),
+            (s, 0, 0) => write!(f, "{s}s"),
+            (s, ms, 0) => write!(f, "{}ms", s * 1000 + u64::from(ms)),
+            _ => write!(f, "{}s", d.as_secs_f64()),
+        }
+    }
 }
 
 /// Parses Go-style durations as Kubernetes flags take them: "15s", "500ms",
@@ -166,12 +210,21 @@ mod tests {
         assert_eq!(args.kube_api_burst, 30);
         assert_eq!(args.concurrent_syncs, 50);
         assert!(args.leader_elect);
-        assert_eq!(args.leader_elect_lease_duration, Duration::from_secs(15));
-        assert_eq!(args.leader_elect_renew_deadline, Duration::from_secs(10));
-        assert_eq!(args.leader_elect_retry_period, Duration::from_secs(2));
+        assert_eq!(args.leader_elect_lease_duration.0, Duration::from_secs(15));
+        assert_eq!(args.leader_elect_renew_deadline.0, Duration::from_secs(10));
+        assert_eq!(args.leader_elect_retry_period.0, Duration::from_secs(2));
+        assert_eq!(args.min_resync_period.0, Duration::from_secs(12 * 3600));
         assert_eq!(args.feature_gates, FeatureGateFlag::default());
-        assert_eq!(args.metrics_bind_address, ":8080");
-        assert_eq!(args.health_probe_bind_address, ":8081");
+        assert_eq!(args.metrics_bind_address.to_string(), "0.0.0.0:8080");
+        assert_eq!(args.health_probe_bind_address.to_string(), "0.0.0.0:8081");
+        assert_eq!(args.log_format, LogFormat::Text);
+    }
+
+    #[test]
+    fn durations_print_as_they_are_written() {
+        for text in ["15s", "10s", "2s", "12h", "2m", "500ms", "0s"] {
+            assert_eq!(text.parse::<FlagDuration>().unwrap().to_string(), text);
+        }
     }
 
     #[test]
@@ -187,7 +240,11 @@ mod tests {
         assert!(!args.leader_elect);
         assert_eq!(args.kube_api_qps, 0.5);
         assert!(!args.feature_gates.gates.admin_access);
-        assert_eq!(args.shutdown_timeout, Duration::from_secs(5));
+        assert_eq!(args.shutdown_timeout.0, Duration::from_secs(5));
+        assert!(Args::try_parse_from(["x", "--log-format=yaml"]).is_err());
+        assert!(Args::try_parse_from(["x", "--metrics-bind-address=nowhere"]).is_err());
+        let off = Args::try_parse_from(["x", "--metrics-bind-address=0"]).unwrap();
+        assert_eq!(off.metrics_bind_address.0, None);
         assert!(Args::try_parse_from(["x", "--feature-gates=Nope=true"]).is_err());
         assert!(Args::try_parse_from(["x", "--concurrent-syncs=0"]).is_err());
     }

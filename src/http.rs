@@ -30,6 +30,38 @@ pub const DEFAULT_HEALTH_PROBE_BIND_ADDRESS: &str = ":8081";
 /// before `/healthz` fails: the leader-election renew deadline.
 pub const DEFAULT_MAX_RENEWAL_STALENESS: Duration = Duration::from_secs(10);
 
+/// A listener address flag: where to listen, or `None` for no listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BindAddress(pub Option<SocketAddr>);
+
+impl BindAddress {
+    /// `:port`: all IPv4 interfaces.
+    pub const fn all_interfaces(port: u16) -> Self {
+        BindAddress(Some(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            port,
+        )))
+    }
+}
+
+impl std::str::FromStr for BindAddress {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_bind_address(s)
+            .map(BindAddress)
+            .map_err(|e| format!("{e:#}"))
+    }
+}
+
+impl std::fmt::Display for BindAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(addr) => write!(f, "{addr}"),
+            None => f.write_str("0"),
+        }
+    }
+}
+
 /// Parses a bind address flag.
 ///
 /// * `"0"` disables the listener (`Ok(None)`).
@@ -94,25 +126,21 @@ struct HealthState {
 }
 
 impl Default for Health {
+    /// Not ready, not leading; the leader election sets how stale its
+    /// renewals may get ([`Health::set_max_renewal_staleness`]).
     fn default() -> Self {
-        Self::new(DEFAULT_MAX_RENEWAL_STALENESS)
-    }
-}
-
-impl Health {
-    /// Not ready, not leading. `max_renewal_staleness` is usually the
-    /// leader-election renew deadline.
-    pub fn new(max_renewal_staleness: Duration) -> Self {
         Self {
             inner: Arc::new(Mutex::new(HealthState {
                 ready: false,
                 leading: false,
                 last_renewal: None,
-                max_renewal_staleness,
+                max_renewal_staleness: DEFAULT_MAX_RENEWAL_STALENESS,
             })),
         }
     }
+}
 
+impl Health {
     fn state(&self) -> std::sync::MutexGuard<'_, HealthState> {
         // The state is plain data, always consistent; a panic elsewhere while
         // holding the lock must not take the probes down with it.
@@ -314,16 +342,13 @@ impl Servers {
 /// Binds both listeners now (so a taken port fails startup) and serves them
 /// in background tasks until `shutdown` resolves.
 pub async fn start_servers(
-    metrics_bind_address: &str,
-    health_probe_bind_address: &str,
+    metrics_bind_address: BindAddress,
+    health_probe_bind_address: BindAddress,
     registry: Registry,
     health: Health,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<Servers> {
-    let metrics_addr =
-        parse_bind_address(metrics_bind_address).context("invalid --metrics-bind-address")?;
-    let health_addr = parse_bind_address(health_probe_bind_address)
-        .context("invalid --health-probe-bind-address")?;
+    let (metrics_addr, health_addr) = (metrics_bind_address.0, health_probe_bind_address.0);
 
     let mut bound = Vec::new();
     match (metrics_addr, health_addr) {
@@ -371,6 +396,10 @@ pub async fn start_servers(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn bind(s: &str) -> BindAddress {
+        s.parse().unwrap()
+    }
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
     use tokio::sync::oneshot;
@@ -427,7 +456,7 @@ mod tests {
 
     #[test]
     fn liveness_tracks_renewal_staleness_only_while_leading() {
-        let health = Health::new(Duration::from_secs(10));
+        let health = Health::default();
         let now = Instant::now();
         assert!(health.liveness_at(now).is_ok(), "standby is live");
 
@@ -466,8 +495,8 @@ mod tests {
 
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let servers = start_servers(
-            "127.0.0.1:0",
-            "127.0.0.1:0",
+            bind("127.0.0.1:0"),
+            bind("127.0.0.1:0"),
             registry,
             health.clone(),
             async {
@@ -519,9 +548,15 @@ mod tests {
             .port();
         let addr = format!("127.0.0.1:{port}");
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let servers = start_servers(&addr, &addr, Registry::new(), Health::default(), async {
-            let _ = stop_rx.await;
-        })
+        let servers = start_servers(
+            bind(&addr),
+            bind(&addr),
+            Registry::new(),
+            Health::default(),
+            async {
+                let _ = stop_rx.await;
+            },
+        )
         .await
         .unwrap();
         let a = servers.metrics_addr.unwrap();
@@ -531,9 +566,15 @@ mod tests {
         stop_tx.send(()).unwrap();
         servers.wait().await.unwrap();
 
-        let servers = start_servers("0", "0", Registry::new(), Health::default(), async {})
-            .await
-            .unwrap();
+        let servers = start_servers(
+            bind("0"),
+            bind("0"),
+            Registry::new(),
+            Health::default(),
+            async {},
+        )
+        .await
+        .unwrap();
         assert_eq!((servers.metrics_addr, servers.health_addr), (None, None));
         servers.wait().await.unwrap();
     }

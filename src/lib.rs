@@ -1,6 +1,20 @@
 //! dra-claim-controller: the DRA ResourceClaim lifecycle, run outside
 //! kube-controller-manager.
 //!
+//! Two rooms:
+//!
+//! - **The controller runtime**, generic, in the manner of client-go:
+//!   [`workqueue`] (deduplicating rate-limited queue with client-go's
+//!   metrics), [`informer`] (one watch feeding a handler, with liveness),
+//!   [`client`] (the process-wide QPS/burst budget, `rest_client_*`
+//!   metrics, drain on shutdown), [`reachability`] (holding work through an
+//!   API server outage), [`leader`] (Lease election), [`http`] and
+//!   [`exposition`] (probes and metrics).
+//! - **The claim controller**: [`controllers::resourceclaim`] (decisions,
+//!   caches, watches' effects, feature gates) and [`naming`] (claim-entry
+//!   resolution and generated names), wired together in [`app`] with the
+//!   flags of [`cli`].
+//!
 //! The library surface exists so that integration tests and benchmarks can
 //! drive the same code the binary runs.
 
@@ -9,8 +23,8 @@ pub mod cli;
 pub mod client;
 pub mod controllers;
 pub mod exposition;
-pub mod features;
 pub mod http;
+pub mod informer;
 pub mod leader;
 pub mod naming;
 pub mod reachability;

@@ -13,6 +13,11 @@
 //! - `DRA_E2E_RBAC=builtin`: use the built-in RBAC rules instead of the chart's.
 //! - `DRA_E2E_APISERVER_FEATURE_GATES`: the API server's `--feature-gates`.
 
+// The harness modules are shared by `#[path]` between the test, bench and
+// example crates; in each crate they are private, so their `pub` items are
+// "unreachable" by design.
+#![allow(unreachable_pub)]
+
 #[path = "support/helm.rs"]
 mod helm;
 

@@ -2,6 +2,11 @@
 //! Helm (see tests/support/helm.rs). Tests that need Helm pass with a SKIP
 //! line when it cannot be installed here.
 
+// The harness modules are shared by `#[path]` between the test, bench and
+// example crates; in each crate they are private, so their `pub` items are
+// "unreachable" by design.
+#![allow(unreachable_pub)]
+
 #[path = "support/helm.rs"]
 mod helm;
 

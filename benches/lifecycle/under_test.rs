@@ -3,6 +3,10 @@
 //! resourceclaim-controller, both with the admin kubeconfig, the same QPS,
 //! burst and worker count, and no leader election.
 
+// Signals and PR_SET_PDEATHSIG go through libc: the only unsafe code of the
+// project, in its test harness; the controller itself has none.
+#![allow(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

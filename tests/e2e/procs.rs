@@ -8,6 +8,10 @@
 //! test binary: a server shared by many tests survives the test that started
 //! it, and dies with the binary however the binary ends (even SIGKILL).
 
+// Signals and PR_SET_PDEATHSIG go through libc: the only unsafe code of the
+// project, in its test harness; the controller itself has none.
+#![allow(unsafe_code)]
+
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::process::CommandExt;

@@ -11,8 +11,8 @@ use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use tracing::{debug, info};
 
-use super::Context;
 use super::cache::{Caches, object_key};
+use super::context::Context;
 use super::error::{SyncError, kube_err};
 use super::patch;
 use super::views::ClaimView;

@@ -15,7 +15,7 @@ use super::patch::pod_consumer;
 use super::pod::{self, EntryAction};
 use super::test_support::merge;
 use super::views::{ClaimView, PodView, TemplateView};
-use crate::features::FeatureGates;
+use crate::controllers::resourceclaim::features::FeatureGates;
 use crate::naming::{DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION};
 
 const NS: &str = "my-namespace";

@@ -15,11 +15,11 @@ use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 use super::cache::Caches;
+use super::context::{Context, Synced};
 use super::error::{SyncError, kube_err};
 use super::patch;
 use super::views::{ClaimView, PodView, TemplateView};
-use super::{Context, Synced};
-use crate::features::FeatureGates;
+use crate::controllers::resourceclaim::features::FeatureGates;
 use crate::naming::{
     ClaimResolution, FIELD_MANAGER, POD_CLAIM_NAME_ANNOTATION, generate_name, is_controlled_by,
     pod_owner_reference, resolve_claim,

@@ -1,0 +1,194 @@
+//! What each watch event does to the caches and the queue ("what wakes
+//! what" of the contract), as the handlers of the three informers.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::info;
+
+use super::Controller;
+use super::cache::{PODS_BY_CLAIM, PODS_BY_TEMPLATE, object_key};
+use super::enqueue::{WorkKey, keys_for_pod_event};
+use super::observe::observe;
+use super::views::{ClaimView, PodView, TemplateView};
+use crate::informer::Handler;
+
+impl Handler<PodView> for Controller {
+    fn admit(&self, pod: PodView) -> Option<PodView> {
+        // The cache still holds the previous list: the history of a pod
+        // carries over into the new one.
+        let cached = self
+            .ctx
+            .caches
+            .pods
+            .get(&object_key(pod.namespace(), pod.name()));
+        observe(cached.as_deref(), pod, Instant::now()).keep
+    }
+
+    fn relisted(&self, pods: Vec<PodView>) {
+        let caches = &self.ctx.caches;
+        let pods: Vec<Arc<PodView>> = pods.into_iter().map(Arc::new).collect();
+        let entries: Vec<(String, Arc<PodView>)> = pods
+            .iter()
+            .map(|p| (object_key(p.namespace(), p.name()), p.clone()))
+            .collect();
+        let replaced: Vec<Arc<PodView>> = entries
+            .iter()
+            .filter_map(|(key, pod)| caches.pods.get(key).filter(|o| o.uid() != pod.uid()))
+            .collect();
+        // Absent from the list: deleted while the watch was down.
+        for gone in caches.pods.replace(entries).iter().chain(&replaced) {
+            self.pod_deleted(gone);
+        }
+        for pod in &pods {
+            self.enqueue(keys_for_pod_event(pod, false, caches));
+        }
+        info!(
+            pods = caches.pods.len(),
+            "pod cache loaded (pods with claims only)"
+        );
+    }
+
+    fn applied(&self, pod: PodView) {
+        let caches = &self.ctx.caches;
+        let key = object_key(pod.namespace(), pod.name());
+        let cached = caches.pods.get(&key);
+        let seen = observe(cached.as_deref(), pod, Instant::now());
+        if seen.replaced
+            && let Some(old) = &cached
+        {
+            self.pod_deleted(old);
+        }
+        match seen.keep {
+            Some(pod) => {
+                let pod = Arc::new(pod);
+                caches.pods.apply(key, pod.clone());
+                self.enqueue(keys_for_pod_event(&pod, false, caches));
+            }
+            // Replaced under the same name by a pod without claims.
+            None if seen.replaced => {
+                caches.pods.delete(&key);
+            }
+            None => {}
+        }
+    }
+
+    fn deleted(&self, pod: PodView) {
+        let caches = &self.ctx.caches;
+        let key = object_key(pod.namespace(), pod.name());
+        // The cached version may name claims the deleted one no longer
+        // lists (see `observe`). A cached pod with another UID is a newer
+        // pod of that name: it stays.
+        let pod = match caches.pods.get(&key) {
+            Some(cached) if cached.uid() == pod.uid() => {
+                caches.pods.delete(&key);
+                cached
+            }
+            _ => Arc::new(pod),
+        };
+        if pod.is_relevant() {
+            self.pod_deleted(&pod);
+        }
+    }
+}
+
+impl Handler<ClaimView> for Controller {
+    fn relisted(&self, claims: Vec<ClaimView>) {
+        let caches = &self.ctx.caches;
+        let claims: Vec<Arc<ClaimView>> = claims.into_iter().map(Arc::new).collect();
+        let entries = claims
+            .iter()
+            .map(|c| (object_key(c.namespace(), c.name()), c.clone()))
+            .collect();
+        for gone in caches.claims.replace(entries) {
+            caches.forget_created(&object_key(gone.namespace(), gone.name()));
+            self.claim_changed(&gone, true);
+        }
+        // Startup (and every relist): check every claim once, for
+        // reservations that went stale while nobody watched.
+        for claim in &claims {
+            caches.forget_created(&object_key(claim.namespace(), claim.name()));
+            self.claim_changed(claim, false);
+        }
+        info!(claims = caches.claims.len(), "claim cache loaded");
+    }
+
+    fn applied(&self, claim: ClaimView) {
+        let caches = &self.ctx.caches;
+        let key = object_key(claim.namespace(), claim.name());
+        let claim = Arc::new(claim);
+        caches.claims.apply(key.clone(), claim.clone());
+        caches.forget_created(&key);
+        self.claim_changed(&claim, false);
+    }
+
+    fn deleted(&self, claim: ClaimView) {
+        let caches = &self.ctx.caches;
+        let key = object_key(claim.namespace(), claim.name());
+        caches.claims.delete(&key);
+        caches.forget_created(&key);
+        self.claim_changed(&claim, true);
+    }
+}
+
+impl Handler<TemplateView> for Controller {
+    fn relisted(&self, templates: Vec<TemplateView>) {
+        let templates: Vec<(String, Arc<TemplateView>)> = templates
+            .into_iter()
+            .map(|t| (object_key(t.namespace(), t.name()), Arc::new(t)))
+            .collect();
+        let keys: Vec<String> = templates.iter().map(|(k, _)| k.clone()).collect();
+        self.ctx.caches.templates.replace(templates);
+        for key in keys {
+            self.template_changed(&key);
+        }
+    }
+
+    fn applied(&self, template: TemplateView) {
+        let key = object_key(template.namespace(), template.name());
+        self.ctx
+            .caches
+            .templates
+            .apply(key.clone(), Arc::new(template));
+        self.template_changed(&key);
+    }
+
+    fn deleted(&self, template: TemplateView) {
+        self.ctx
+            .caches
+            .templates
+            .delete(&object_key(template.namespace(), template.name()));
+    }
+}
+
+impl Controller {
+    fn pod_deleted(&self, pod: &PodView) {
+        let caches = &self.ctx.caches;
+        caches.deleted_pods.add(pod.uid().to_string());
+        self.enqueue(keys_for_pod_event(pod, true, caches));
+    }
+
+    fn claim_changed(&self, claim: &ClaimView, deleted: bool) {
+        let caches = &self.ctx.caches;
+        let mut keys = Vec::new();
+        if !deleted {
+            keys.push(WorkKey::claim(claim.namespace(), claim.name()));
+        }
+        for pod in caches
+            .pods
+            .by_index(PODS_BY_CLAIM, &object_key(claim.namespace(), claim.name()))
+        {
+            keys.extend(keys_for_pod_event(&pod, false, caches));
+        }
+        self.enqueue(keys);
+    }
+
+    fn template_changed(&self, key: &str) {
+        let caches = &self.ctx.caches;
+        let mut keys = Vec::new();
+        for pod in caches.pods.by_index(PODS_BY_TEMPLATE, key) {
+            keys.extend(keys_for_pod_event(&pod, false, caches));
+        }
+        self.enqueue(keys);
+    }
+}

@@ -1,0 +1,106 @@
+//! The worker loop: take a key, sync it from the caches, and requeue it
+//! the way its outcome calls for.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::Controller;
+use super::cache::object_key;
+use super::context::Synced;
+use super::enqueue::WorkKey;
+use super::error::SyncError;
+use super::{claim, pod};
+
+impl Controller {
+    /// Runs `workers` workers until the queue is shut down.
+    pub async fn run_workers(self: Arc<Self>, workers: usize) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..workers.max(1) {
+            let this = self.clone();
+            tasks.spawn(async move { this.worker().await });
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    async fn worker(&self) {
+        loop {
+            // Through an API server outage, keys wait in the queue rather
+            // than fail one by one.
+            self.ctx.reachability.wait_reachable().await;
+            let Some(key) = self.queue.get().await else {
+                return;
+            };
+            let started = Instant::now();
+            // One span per sync: every line logged inside carries the key.
+            let span = info_span!("sync", key = %key);
+            let result = self.sync(&key).instrument(span.clone()).await;
+            let _entered = span.enter();
+            match result {
+                Ok(Synced::Done) => {
+                    self.ctx.reachability.report_answer();
+                    self.queue.forget(&key);
+                    debug!(elapsed_ms = started.elapsed().as_millis() as u64, "synced");
+                }
+                Ok(Synced::RecheckAfter(delay)) => {
+                    self.ctx.reachability.report_answer();
+                    self.queue.forget(&key);
+                    debug!(
+                        delay_ms = delay.as_millis() as u64,
+                        "synced; checking again later"
+                    );
+                    self.queue.add_after(key.clone(), delay);
+                }
+                Err(SyncError::Unreachable { .. }) if self.queue.is_shutting_down() => {}
+                Err(e @ SyncError::Unreachable { .. }) => {
+                    // Says nothing about the item: no backoff step, no
+                    // retry counted; the key waits for the API server.
+                    if !self.ctx.reachability.report_unreachable(&e) {
+                        debug!(error = %e, "API server still unreachable");
+                    }
+                    self.queue.add(key.clone());
+                }
+                Err(e @ SyncError::Conflict { .. }) => {
+                    self.ctx.reachability.report_answer();
+                    info!(error = %e, "retrying on fresh state");
+                    self.queue.add_rate_limited(key.clone());
+                }
+                Err(e) => {
+                    self.ctx.reachability.report_answer();
+                    warn!(error = %e, "sync failed; retrying with backoff");
+                    self.queue.add_rate_limited(key.clone());
+                }
+            }
+            self.queue.done(&key);
+        }
+    }
+
+    /// One sync of one key, from the cache's current state.
+    pub async fn sync(&self, key: &WorkKey) -> Result<Synced, SyncError> {
+        let ctx = &self.ctx;
+        match key {
+            WorkKey::Pod { namespace, name } => {
+                let Some(pod) = ctx.caches.pods.get(&object_key(namespace, name)) else {
+                    debug!("pod is gone; nothing to do");
+                    return Ok(Synced::Done);
+                };
+                let decision = pod::decide(&pod, &ctx.caches, ctx.gates);
+                if let Some(reason) = decision.skipped {
+                    debug!(reason, "nothing to do for pod");
+                }
+                if decision.is_noop() {
+                    return Ok(Synced::Done);
+                }
+                pod::execute(ctx, &pod, decision).await
+            }
+            WorkKey::Claim { namespace, name } => {
+                let Some(claim) = ctx.caches.claims.get(&object_key(namespace, name)) else {
+                    debug!("claim is gone; nothing to do");
+                    return Ok(Synced::Done);
+                };
+                claim::execute(ctx, &claim).await.map(|()| Synced::Done)
+            }
+        }
+    }
+}
