@@ -29,6 +29,8 @@ mod worker;
 #[cfg(test)]
 mod decision_tests;
 #[cfg(test)]
+mod execute_tests;
+#[cfg(test)]
 mod test_support;
 
 use std::sync::Arc;

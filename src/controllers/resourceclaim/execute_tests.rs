@@ -1,0 +1,256 @@
+//! Request-level tests of `execute`: a mock API server (tower-test) sees
+//! every request, in order, and the tests pin method, path, query and body,
+//! so a change in what goes over the wire shows up here first.
+
+use std::sync::Arc;
+
+use http::{Method, Request, Response};
+use kube::client::Body;
+use serde_json::{Value, json};
+use tower_test::mock;
+
+use super::cache::{Caches, object_key};
+use super::context::{Context, Synced};
+use super::events::EventRecorder;
+use super::features::FeatureGates;
+use super::metrics::ControllerMetrics;
+use super::views::{ClaimView, PodView, TemplateView};
+use super::{claim, observe, pod};
+use crate::naming::{DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION};
+use crate::reachability::Reachability;
+
+type Handle = mock::Handle<Request<Body>, Response<Body>>;
+
+fn context(caches: Arc<Caches>) -> (Context, Handle) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let registry = prometheus::Registry::new();
+    let ctx = Context {
+        client: kube::Client::new(service, "default"),
+        metrics: ControllerMetrics::register(&registry, caches.clone()).unwrap(),
+        caches,
+        gates: FeatureGates::default(),
+        events: EventRecorder::disabled(),
+        reachability: Arc::new(Reachability::new()),
+    };
+    (ctx, handle)
+}
+
+/// One request as the mock saw it.
+#[derive(Debug)]
+struct Seen {
+    method: Method,
+    path: String,
+    query: String,
+    content_type: String,
+    body: Value,
+}
+
+/// Takes the next request and answers it with `status` and `answer`.
+async fn expect(handle: &mut Handle, status: u16, answer: Value) -> Seen {
+    let (request, send) = handle.next_request().await.expect("a request");
+    let (parts, body) = request.into_parts();
+    let bytes = body.collect_bytes().await.unwrap();
+    let seen = Seen {
+        method: parts.method,
+        path: parts.uri.path().to_string(),
+        query: parts.uri.query().unwrap_or_default().to_string(),
+        content_type: parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default(),
+        body: if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        },
+    };
+    let response = Response::builder()
+        .status(status)
+        .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+        .unwrap();
+    send.send_response(response);
+    seen
+}
+
+const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims";
+
+fn pod_json(phase: &str) -> Value {
+    json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "pod-uid"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+        "status": {"phase": phase, "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "c"}]}
+    })
+}
+
+fn claim_json(reserved: bool) -> Value {
+    let mut claim = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns", "uid": "claim-uid", "resourceVersion": "7",
+            "finalizers": [DELETE_PROTECTION_FINALIZER],
+            "annotations": {POD_CLAIM_NAME_ANNOTATION: "gpu"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "pod-uid", "controller": true}]},
+        "spec": {"devices": {"requests": []}},
+        "status": {"allocation": {"devices": {"results": []}}}
+    });
+    if reserved {
+        claim["status"]["reservedFor"] =
+            json!([{"resource": "pods", "name": "p", "uid": "pod-uid"}]);
+    }
+    claim
+}
+
+/// The claim of a pod that is done: reservation and allocation removed in
+/// one guarded status patch, then the finalizer, then the claim deleted
+/// with a UID precondition. Three requests, in that order.
+#[tokio::test]
+async fn claim_of_a_done_pod_is_released_then_deleted() {
+    let caches = Arc::new(Caches::new());
+    let done: PodView = serde_json::from_value(pod_json("Succeeded")).unwrap();
+    caches.pods.apply(object_key("ns", "p"), Arc::new(done));
+    let seen: ClaimView = serde_json::from_value(claim_json(true)).unwrap();
+    let (ctx, mut handle) = context(caches);
+
+    let work = tokio::spawn(async move { claim::execute(&ctx, &seen).await });
+
+    let mut released = claim_json(false);
+    released["status"] = json!({});
+    let status = expect(&mut handle, 200, released.clone()).await;
+    assert_eq!(
+        (status.method, status.path.as_str()),
+        (Method::PATCH, format!("{CLAIMS}/c/status").as_str())
+    );
+    assert_eq!(status.content_type, "application/json-patch+json");
+    assert_eq!(
+        status.body,
+        json!([
+            {"op": "test", "path": "/status/reservedFor",
+             "value": [{"resource": "pods", "name": "p", "uid": "pod-uid"}]},
+            {"op": "remove", "path": "/status/reservedFor"},
+            {"op": "remove", "path": "/status/allocation"},
+        ])
+    );
+
+    let mut unprotected = released.clone();
+    unprotected["metadata"]["finalizers"] = json!([]);
+    let finalizer = expect(&mut handle, 200, unprotected).await;
+    assert_eq!(
+        (finalizer.method, finalizer.path.as_str()),
+        (Method::PATCH, format!("{CLAIMS}/c").as_str())
+    );
+    assert_eq!(
+        finalizer.body,
+        json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": [DELETE_PROTECTION_FINALIZER]},
+            {"op": "remove", "path": "/metadata/finalizers/0"},
+        ])
+    );
+
+    let delete = expect(
+        &mut handle,
+        200,
+        json!({"kind": "Status", "status": "Success"}),
+    )
+    .await;
+    assert_eq!(
+        (delete.method, delete.path.as_str()),
+        (Method::DELETE, format!("{CLAIMS}/c").as_str())
+    );
+    assert_eq!(delete.body["preconditions"], json!({"uid": "claim-uid"}));
+
+    work.await.unwrap().expect("claim work succeeds");
+}
+
+/// A guard that fails (422: the scheduler wrote meanwhile) ends the sync
+/// with a conflict, and nothing else is sent.
+#[tokio::test]
+async fn failed_guard_is_a_conflict_and_stops_the_sync() {
+    let caches = Arc::new(Caches::new());
+    let done: PodView = serde_json::from_value(pod_json("Succeeded")).unwrap();
+    caches.pods.apply(object_key("ns", "p"), Arc::new(done));
+    let seen: ClaimView = serde_json::from_value(claim_json(true)).unwrap();
+    let (ctx, mut handle) = context(caches);
+
+    let work = tokio::spawn(async move { claim::execute(&ctx, &seen).await });
+    let invalid = json!({"kind": "Status", "status": "Failure", "code": 422,
+        "reason": "Invalid", "message": "the server rejected our request: test failed"});
+    expect(&mut handle, 422, invalid).await;
+    // Another request would wait for an answer forever: the sync must end.
+    let result = tokio::time::timeout(std::time::Duration::from_secs(2), work)
+        .await
+        .expect("the sync ends after the failed guard, sending nothing more")
+        .unwrap();
+    assert!(
+        matches!(result, Err(super::error::SyncError::Conflict { .. })),
+        "{result:?}"
+    );
+    // The client is gone with the finished sync: the mock reports no
+    // further request (or none arrives).
+    let next =
+        tokio::time::timeout(std::time::Duration::from_millis(100), handle.next_request()).await;
+    assert!(
+        matches!(next, Err(_) | Ok(None)),
+        "no request after the failed guard"
+    );
+}
+
+/// A pod whose template entry has no claim yet: one create from the
+/// template, then one server-side apply of the pod status as
+/// `ResourceClaimController`, forced, carrying every entry.
+#[tokio::test]
+async fn pod_work_creates_then_records_with_one_apply() {
+    let caches = Arc::new(Caches::new());
+    let mut pod = pod_json("Pending");
+    pod["status"]["resourceClaimStatuses"] = json!([]);
+    let pod = observe::first_sight(
+        serde_json::from_value(pod).unwrap(),
+        std::time::Instant::now(),
+    );
+    let template: TemplateView = serde_json::from_value(json!({
+        "metadata": {"name": "t", "namespace": "ns"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu"}}]}}}
+    }))
+    .unwrap();
+    caches
+        .templates
+        .apply(object_key("ns", "t"), Arc::new(template));
+    let decision = pod::decide(&pod, &caches, FeatureGates::default());
+    let (ctx, mut handle) = context(caches);
+
+    let work = tokio::spawn(async move { pod::execute(&ctx, &pod, decision).await });
+
+    let mut created = claim_json(false);
+    created["metadata"]["name"] = json!("p-gpu-x7k2q");
+    let create = expect(&mut handle, 201, created).await;
+    assert_eq!(
+        (create.method, create.path.as_str()),
+        (Method::POST, CLAIMS)
+    );
+    assert_eq!(create.body["metadata"]["generateName"], "p-gpu-");
+    assert_eq!(
+        create.body["spec"],
+        json!({"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu"}}]}})
+    );
+
+    let apply = expect(&mut handle, 200, pod_json("Pending")).await;
+    assert_eq!(
+        (apply.method, apply.path.as_str()),
+        (Method::PATCH, "/api/v1/namespaces/ns/pods/p/status")
+    );
+    assert_eq!(apply.content_type, "application/apply-patch+yaml");
+    assert!(
+        apply.query.contains("fieldManager=ResourceClaimController")
+            && apply.query.contains("force=true"),
+        "{}",
+        apply.query
+    );
+    assert_eq!(
+        apply.body["status"],
+        json!({"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x7k2q"}]})
+    );
+
+    assert_eq!(
+        work.await.unwrap().expect("pod work succeeds"),
+        Synced::Done
+    );
+}
