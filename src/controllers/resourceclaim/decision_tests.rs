@@ -211,156 +211,147 @@ fn pod_work_table() {
     .unwrap();
     let unowned = claim_with(GENERATED, json!({}));
 
-    // (name, pod, claims, templates, gates, expected)
-    type Row = (
-        &'static str,
-        PodView,
-        Vec<ClaimView>,
-        Vec<TemplateView>,
-        FeatureGates,
-        Vec<Want>,
-    );
-    let rows: Vec<Row> = vec![
-        (
-            "create",
-            pod_with(json!({})),
-            vec![],
-            vec![plain_template()],
-            all_on,
-            vec![create()],
-        ),
-        (
-            "create with admin and feature gate off",
-            pod_with(json!({})),
-            vec![],
-            vec![admin_template.clone()],
-            gates_off,
-            vec![Want::Fail("admin")],
-        ),
-        (
-            "create with admin and feature gate on",
-            pod_with(json!({})),
-            vec![],
-            vec![admin_template],
-            all_on,
-            vec![Want::Create {
+    let rows: Vec<PodRow> = vec![
+        PodRow {
+            case: "create",
+            pod: pod_with(json!({})),
+            claims: vec![],
+            templates: vec![plain_template()],
+            gates: all_on,
+            want: vec![create()],
+        },
+        PodRow {
+            case: "create with admin and feature gate off",
+            pod: pod_with(json!({})),
+            claims: vec![],
+            templates: vec![admin_template.clone()],
+            gates: gates_off,
+            want: vec![Want::Fail("admin")],
+        },
+        PodRow {
+            case: "create with admin and feature gate on",
+            pod: pod_with(json!({})),
+            claims: vec![],
+            templates: vec![admin_template],
+            gates: all_on,
+            want: vec![Want::Create {
                 generate_name: "test-pod-acme-resource-".into(),
                 admin_access: true,
             }],
-        ),
-        (
-            "prioritized list with feature gate off",
-            pod_with(json!({})),
-            vec![],
-            vec![list_template.clone()],
-            gates_off,
-            vec![Want::Fail("firstAvailable")],
-        ),
-        (
-            "prioritized list with feature gate on",
-            pod_with(json!({})),
-            vec![],
-            vec![list_template],
-            all_on,
-            vec![create()],
-        ),
-        (
-            "nop",
-            pod_with(recorded(GENERATED)),
-            vec![generated_claim(GENERATED)],
-            vec![plain_template()],
-            all_on,
-            vec![Want::Nothing],
-        ),
-        (
-            "recreate",
-            pod_with(recorded(GENERATED)),
-            vec![],
-            vec![plain_template()],
-            all_on,
-            vec![create()],
-        ),
-        (
-            "missing-template",
-            pod_with(json!({})),
-            vec![],
-            vec![],
-            all_on,
-            vec![Want::Fail("not found")],
-        ),
-        (
-            "find-existing-claim-by-label",
-            pod_with(json!({})),
-            vec![generated_claim(GENERATED)],
-            vec![],
-            all_on,
-            vec![Want::Adopt(GENERATED)],
-        ),
-        (
-            "pod-deleted",
-            pod_with(json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})),
-            vec![],
-            vec![plain_template()],
-            all_on,
-            vec![Want::Nothing],
-        ),
-        (
-            "no-volumes",
-            serde_json::from_value(
+        },
+        PodRow {
+            case: "prioritized list with feature gate off",
+            pod: pod_with(json!({})),
+            claims: vec![],
+            templates: vec![list_template.clone()],
+            gates: gates_off,
+            want: vec![Want::Fail("firstAvailable")],
+        },
+        PodRow {
+            case: "prioritized list with feature gate on",
+            pod: pod_with(json!({})),
+            claims: vec![],
+            templates: vec![list_template],
+            gates: all_on,
+            want: vec![create()],
+        },
+        PodRow {
+            case: "nop",
+            pod: pod_with(recorded(GENERATED)),
+            claims: vec![generated_claim(GENERATED)],
+            templates: vec![plain_template()],
+            gates: all_on,
+            want: vec![Want::Nothing],
+        },
+        PodRow {
+            case: "recreate",
+            pod: pod_with(recorded(GENERATED)),
+            claims: vec![],
+            templates: vec![plain_template()],
+            gates: all_on,
+            want: vec![create()],
+        },
+        PodRow {
+            case: "missing-template",
+            pod: pod_with(json!({})),
+            claims: vec![],
+            templates: vec![],
+            gates: all_on,
+            want: vec![Want::Fail("not found")],
+        },
+        PodRow {
+            case: "find-existing-claim-by-label",
+            pod: pod_with(json!({})),
+            claims: vec![generated_claim(GENERATED)],
+            templates: vec![],
+            gates: all_on,
+            want: vec![Want::Adopt(GENERATED)],
+        },
+        PodRow {
+            case: "pod-deleted",
+            pod: pod_with(json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})),
+            claims: vec![],
+            templates: vec![plain_template()],
+            gates: all_on,
+            want: vec![Want::Nothing],
+        },
+        PodRow {
+            case: "no-volumes",
+            pod: serde_json::from_value(
                 json!({"metadata": {"name": POD, "namespace": NS, "uid": POD_UID}}),
             )
             .unwrap(),
-            vec![],
-            vec![],
-            all_on,
-            vec![Want::Nothing],
-        ),
-        (
-            "create-with-other-claim",
-            pod_with(json!({})),
-            vec![other_ns_claim],
-            vec![plain_template()],
-            all_on,
-            vec![create()],
-        ),
+            claims: vec![],
+            templates: vec![],
+            gates: all_on,
+            want: vec![Want::Nothing],
+        },
+        PodRow {
+            case: "create-with-other-claim",
+            pod: pod_with(json!({})),
+            claims: vec![other_ns_claim],
+            templates: vec![plain_template()],
+            gates: all_on,
+            want: vec![create()],
+        },
         // A claim of that name exists but is not ours and the template is
         // missing: the error names the template, no claim is taken over.
-        (
-            "wrong-claim-owner",
-            pod_with(json!({})),
-            vec![unowned.clone()],
-            vec![],
-            all_on,
-            vec![Want::Fail("not found")],
-        ),
+        PodRow {
+            case: "wrong-claim-owner",
+            pod: pod_with(json!({})),
+            claims: vec![unowned.clone()],
+            templates: vec![],
+            gates: all_on,
+            want: vec![Want::Fail("not found")],
+        },
         // Beyond: a recorded claim that lost its owner is replaced.
-        (
-            "recorded-claim-owned-by-other",
-            pod_with(recorded(GENERATED)),
-            vec![unowned],
-            vec![plain_template()],
-            all_on,
-            vec![create()],
-        ),
-        (
-            "add-reserved",
-            scheduled.clone(),
-            vec![claim_with(GENERATED, allocated(owned_by(POD_UID)))],
-            vec![plain_template()],
-            all_on,
-            vec![Want::Reserve(GENERATED)],
-        ),
-        (
-            "pre-scheduled pod, claim not allocated: the user is told",
-            scheduled.clone(),
-            vec![claim_with(GENERATED, owned_by(POD_UID))],
-            vec![plain_template()],
-            all_on,
-            vec![Want::WarnUnallocated(GENERATED)],
-        ),
-        (
-            "bound by a scheduler, claim not allocated in our cache yet: no warning",
-            {
+        PodRow {
+            case: "recorded-claim-owned-by-other",
+            pod: pod_with(recorded(GENERATED)),
+            claims: vec![unowned],
+            templates: vec![plain_template()],
+            gates: all_on,
+            want: vec![create()],
+        },
+        PodRow {
+            case: "add-reserved",
+            pod: scheduled.clone(),
+            claims: vec![claim_with(GENERATED, allocated(owned_by(POD_UID)))],
+            templates: vec![plain_template()],
+            gates: all_on,
+            want: vec![Want::Reserve(GENERATED)],
+        },
+        PodRow {
+            case: "pre-scheduled pod, claim not allocated: the user is told",
+            pod: scheduled.clone(),
+            claims: vec![claim_with(GENERATED, owned_by(POD_UID))],
+            templates: vec![plain_template()],
+            gates: all_on,
+            want: vec![Want::WarnUnallocated(GENERATED)],
+        },
+        PodRow {
+            case: "bound by a scheduler, claim not allocated in our cache yet: no warning",
+            pod: {
                 let mut v = recorded(GENERATED);
                 merge(
                     &mut v,
@@ -369,87 +360,106 @@ fn pod_work_table() {
                 );
                 pod_with(v)
             },
-            vec![claim_with(GENERATED, owned_by(POD_UID))],
-            vec![plain_template()],
-            all_on,
-            vec![Want::Nothing],
-        ),
-        (
-            "recorded claim gone, pod on a node: told, not replaced",
-            scheduled.clone(),
-            vec![],
-            vec![plain_template()],
-            all_on,
-            vec![Want::Missing(GENERATED)],
-        ),
-        (
-            "recorded claim taken over, pod on a node: told, not replaced",
-            scheduled.clone(),
-            vec![claim_with(GENERATED, owned_by("someone-else"))],
-            vec![plain_template()],
-            all_on,
-            vec![Want::Missing(GENERATED)],
-        ),
-        (
-            "stay-reserved (pre-scheduled, already reserved)",
-            scheduled,
-            vec![{
+            claims: vec![claim_with(GENERATED, owned_by(POD_UID))],
+            templates: vec![plain_template()],
+            gates: all_on,
+            want: vec![Want::Nothing],
+        },
+        PodRow {
+            case: "recorded claim gone, pod on a node: told, not replaced",
+            pod: scheduled.clone(),
+            claims: vec![],
+            templates: vec![plain_template()],
+            gates: all_on,
+            want: vec![Want::Missing(GENERATED)],
+        },
+        PodRow {
+            case: "recorded claim taken over, pod on a node: told, not replaced",
+            pod: scheduled.clone(),
+            claims: vec![claim_with(GENERATED, owned_by("someone-else"))],
+            templates: vec![plain_template()],
+            gates: all_on,
+            want: vec![Want::Missing(GENERATED)],
+        },
+        PodRow {
+            case: "stay-reserved (pre-scheduled, already reserved)",
+            pod: scheduled,
+            claims: vec![{
                 let mut v = allocated(owned_by(POD_UID));
                 merge(&mut v, reserved_for(&[(POD, POD_UID)]));
                 claim_with(GENERATED, v)
             }],
-            vec![],
-            all_on,
-            vec![Want::Nothing],
-        ),
+            templates: vec![],
+            gates: all_on,
+            want: vec![Want::Nothing],
+        },
         // Beyond: a done pod never gets a claim again, even when its claim is gone.
-        (
-            "done-pod-not-recreated",
-            pod_with({
+        PodRow {
+            case: "done-pod-not-recreated",
+            pod: pod_with({
                 let mut v = recorded(GENERATED);
                 merge(&mut v, json!({"status": {"phase": "Succeeded"}}));
                 v
             }),
-            vec![],
-            vec![plain_template()],
-            all_on,
-            vec![Want::Nothing],
-        ),
-        (
-            "entry-with-neither-field",
-            serde_json::from_value(
+            claims: vec![],
+            templates: vec![plain_template()],
+            gates: all_on,
+            want: vec![Want::Nothing],
+        },
+        PodRow {
+            case: "entry-with-neither-field",
+            pod: serde_json::from_value(
                 json!({"metadata": {"name": POD, "namespace": NS, "uid": POD_UID},
                 "spec": {"resourceClaims": [{"name": ENTRY}]}}),
             )
             .unwrap(),
-            vec![],
-            vec![],
-            all_on,
-            vec![Want::Fail("neither")],
-        ),
-        (
-            "skipped-entry",
-            pod_with(json!({"status": {"resourceClaimStatuses": [{"name": ENTRY}]}})),
-            vec![],
-            vec![plain_template()],
-            all_on,
-            vec![Want::Nothing],
-        ),
+            claims: vec![],
+            templates: vec![],
+            gates: all_on,
+            want: vec![Want::Fail("neither")],
+        },
+        PodRow {
+            case: "skipped-entry",
+            pod: pod_with(json!({"status": {"resourceClaimStatuses": [{"name": ENTRY}]}})),
+            claims: vec![],
+            templates: vec![plain_template()],
+            gates: all_on,
+            want: vec![Want::Nothing],
+        },
     ];
-    for (name, pod, claims, templates, gates, want) in rows {
-        let c = caches(std::slice::from_ref(&pod), &claims, &templates);
-        let decision = pod::decide(&pod, &c, gates);
+    let mut failures = Vec::new();
+    for row in rows {
+        let c = caches(std::slice::from_ref(&row.pod), &row.claims, &row.templates);
+        let decision = pod::decide(&row.pod, &c, row.gates);
         let got = summarize(&decision);
-        let matches = got.len() == want.len() && got.iter().zip(&want).all(|(g, w)| g.matches(w));
-        assert!(matches, "case {name:?}: got {got:?}, want {want:?}");
+        let want = &row.want;
+        let matches = got.len() == want.len() && got.iter().zip(want).all(|(g, w)| g.matches(w));
+        if !matches {
+            failures.push(format!("case {:?}: got {got:?}, want {want:?}", row.case));
+        }
         // What wakes a pod and what its sync does must agree, or work is
         // either lost or done for nothing.
-        assert_eq!(
-            pod_needs_work(&pod, &c).is_ok(),
-            !decision.is_noop(),
-            "case {name:?}: enqueue predicate and decision disagree"
-        );
+        if pod_needs_work(&row.pod, &c).is_ok() == decision.is_noop() {
+            failures.push(format!(
+                "case {:?}: enqueue predicate and decision disagree",
+                row.case
+            ));
+        }
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// One row of [`pod_work_table`].
+struct PodRow {
+    case: &'static str,
+    pod: PodView,
+    /// Claims in the cache.
+    claims: Vec<ClaimView>,
+    /// Templates in the cache.
+    templates: Vec<TemplateView>,
+    gates: FeatureGates,
+    /// What pod work decides, in order.
+    want: Vec<Want>,
 }
 
 #[test]
@@ -597,68 +607,53 @@ fn claim_work_table() {
     let deleting = json!({"metadata": {"finalizers": [DELETE_PROTECTION_FINALIZER], "deletionTimestamp": "2026-01-01T00:00:00Z"}});
     let nothing = act(None, false, false, false);
 
-    type Row = (
-        &'static str,
-        ClaimView,
-        Vec<PodView>,
-        Vec<&'static str>,
-        Vec<(&'static str, LivePod)>,
-        ClaimDecision,
-    );
-    let rows: Vec<Row> = vec![
-        (
-            "stay-reserved-seen",
-            reserved_claim(json!({})),
-            vec![running.clone()],
-            vec![],
-            vec![],
-            nothing.clone(),
-        ),
-        (
-            "stay-reserved-not-seen: ask the API server first",
-            reserved_claim(json!({})),
-            vec![],
-            vec![],
-            vec![],
-            ClaimDecision::NeedLiveLookup(vec![(POD.into(), POD_UID.into())]),
-        ),
-        (
-            "stay-reserved-not-seen: the API server has it",
-            reserved_claim(json!({})),
-            vec![],
-            vec![],
-            vec![(POD_UID, LivePod::Active)],
-            nothing.clone(),
-        ),
-        (
-            "clear-reserved-structured",
-            reserved_claim(structured.clone()),
-            vec![],
-            vec![POD_UID],
-            vec![],
-            act(Some((vec![], true)), false, true, false),
-        ),
-        (
-            "clear-reserved-structured (pod never existed)",
-            reserved_claim(structured.clone()),
-            vec![],
-            vec![],
-            vec![(POD_UID, LivePod::Gone)],
-            act(Some((vec![], true)), false, true, false),
-        ),
-        (
-            // A pod without claims of its own is not cached; the live
+    let rows: Vec<ClaimRow> = vec![
+        ClaimRow {
+            case: "stay-reserved-seen",
+            claim: reserved_claim(json!({})),
+            pods: vec![running.clone()],
+            deleted: vec![],
+            live: vec![],
+            want: nothing.clone(),
+        },
+        ClaimRow {
+            case: "stay-reserved-not-seen: ask the API server first",
+            claim: reserved_claim(json!({})),
+            pods: vec![],
+            deleted: vec![],
+            live: vec![],
+            want: ClaimDecision::NeedLiveLookup(vec![(POD.into(), POD_UID.into())]),
+        },
+        ClaimRow {
+            case: "stay-reserved-not-seen: the API server has it",
+            claim: reserved_claim(json!({})),
+            pods: vec![],
+            deleted: vec![],
+            live: vec![(POD_UID, LivePod::Active)],
+            want: nothing.clone(),
+        },
+        ClaimRow {
+            case: "clear-reserved-structured",
+            claim: reserved_claim(structured.clone()),
+            pods: vec![],
+            deleted: vec![POD_UID],
+            live: vec![],
+            want: act(Some((vec![], true)), false, true, false),
+        },
+        ClaimRow {
+            case: "clear-reserved-structured (pod never existed)",
+            claim: reserved_claim(structured.clone()),
+            pods: vec![],
+            deleted: vec![],
+            live: vec![(POD_UID, LivePod::Gone)],
+            want: act(Some((vec![], true)), false, true, false),
+        },
+        ClaimRow { case: // A pod without claims of its own is not cached; the live
             // lookup tells whether it is done.
-            "clear-reserved-when-done (pod without claims, read live)",
-            reserved_claim(structured.clone()),
-            vec![],
-            vec![],
-            vec![(POD_UID, LivePod::Done)],
-            act(Some((vec![], true)), false, true, false),
-        ),
-        (
-            "dont-clear-reserved-structured",
-            {
+            "clear-reserved-when-done (pod without claims, read live)", claim: reserved_claim(structured.clone()), pods: vec![], deleted: vec![], live: vec![(POD_UID, LivePod::Done)], want: act(Some((vec![], true)), false, true, false) },
+        ClaimRow {
+            case: "dont-clear-reserved-structured",
+            claim: {
                 let mut v = structured.clone();
                 merge(
                     &mut v,
@@ -666,70 +661,70 @@ fn claim_work_table() {
                 );
                 reserved_claim(v)
             },
-            vec![running.clone()],
-            vec!["uid-other"],
-            vec![],
-            act(Some((vec![(POD, POD_UID)], false)), false, false, false),
-        ),
-        (
-            "clear-reserved-structured-deleted",
-            reserved_claim(deleting.clone()),
-            vec![],
-            vec![POD_UID],
-            vec![],
-            act(Some((vec![], true)), false, true, false),
-        ),
-        (
-            "structured-deleted",
-            claim_with(GENERATED, allocated(deleting.clone())),
-            vec![],
-            vec![],
-            vec![],
-            act(None, true, true, false),
-        ),
-        (
-            "clear-reserved-when-done (no owner, no finalizer: allocation stays)",
-            {
+            pods: vec![running.clone()],
+            deleted: vec!["uid-other"],
+            live: vec![],
+            want: act(Some((vec![(POD, POD_UID)], false)), false, false, false),
+        },
+        ClaimRow {
+            case: "clear-reserved-structured-deleted",
+            claim: reserved_claim(deleting.clone()),
+            pods: vec![],
+            deleted: vec![POD_UID],
+            live: vec![],
+            want: act(Some((vec![], true)), false, true, false),
+        },
+        ClaimRow {
+            case: "structured-deleted",
+            claim: claim_with(GENERATED, allocated(deleting.clone())),
+            pods: vec![],
+            deleted: vec![],
+            live: vec![],
+            want: act(None, true, true, false),
+        },
+        ClaimRow {
+            case: "clear-reserved-when-done (no owner, no finalizer: allocation stays)",
+            claim: {
                 let mut v = json!({"status": {"allocation": {"devices": {}}}});
                 merge(&mut v, reserved_for(&[(POD, POD_UID)]));
                 claim_with(GENERATED, v)
             },
-            vec![done.clone()],
-            vec![],
-            vec![],
-            act(Some((vec![], false)), false, false, false),
-        ),
-        (
-            "remove-reserved",
-            {
+            pods: vec![done.clone()],
+            deleted: vec![],
+            live: vec![],
+            want: act(Some((vec![], false)), false, false, false),
+        },
+        ClaimRow {
+            case: "remove-reserved",
+            claim: {
                 let mut v = reserved_for(&[(POD, POD_UID), ("test-pod-II", "uidpod1-II")]);
                 merge(&mut v, json!({"status": {"allocation": {"devices": {}}}}));
                 claim_with(GENERATED, v)
             },
-            vec![running.clone()],
-            vec![],
-            vec![("uidpod1-II", LivePod::Gone)],
-            act(Some((vec![(POD, POD_UID)], false)), false, false, false),
-        ),
-        (
-            "delete-claim-when-done",
-            reserved_claim(structured.clone()),
-            vec![done.clone()],
-            vec![],
-            vec![],
-            act(Some((vec![], true)), false, true, true),
-        ),
-        (
-            "pod replaced under the same name",
-            reserved_claim(structured.clone()),
-            vec![pod_with(json!({"metadata": {"uid": "uid-new"}}))],
-            vec![],
-            vec![],
-            act(Some((vec![], true)), false, true, true),
-        ),
-        (
-            "clean up pod reservation with non-pod reservation present",
-            {
+            pods: vec![running.clone()],
+            deleted: vec![],
+            live: vec![("uidpod1-II", LivePod::Gone)],
+            want: act(Some((vec![(POD, POD_UID)], false)), false, false, false),
+        },
+        ClaimRow {
+            case: "delete-claim-when-done",
+            claim: reserved_claim(structured.clone()),
+            pods: vec![done.clone()],
+            deleted: vec![],
+            live: vec![],
+            want: act(Some((vec![], true)), false, true, true),
+        },
+        ClaimRow {
+            case: "pod replaced under the same name",
+            claim: reserved_claim(structured.clone()),
+            pods: vec![pod_with(json!({"metadata": {"uid": "uid-new"}}))],
+            deleted: vec![],
+            live: vec![],
+            want: act(Some((vec![], true)), false, true, true),
+        },
+        ClaimRow {
+            case: "clean up pod reservation with non-pod reservation present",
+            claim: {
                 let mut v = structured.clone();
                 merge(
                     &mut v,
@@ -739,10 +734,10 @@ fn claim_work_table() {
                 );
                 reserved_claim(v)
             },
-            vec![done.clone()],
-            vec![],
-            vec![],
-            ClaimDecision::Act(ClaimActions {
+            pods: vec![done.clone()],
+            deleted: vec![],
+            live: vec![],
+            want: ClaimDecision::Act(ClaimActions {
                 set_reserved_for: Some((
                     vec![
                         k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
@@ -756,10 +751,10 @@ fn claim_work_table() {
                 )),
                 ..Default::default()
             }),
-        ),
-        (
-            "extended-resource claim of a done pod is cleaned up",
-            {
+        },
+        ClaimRow {
+            case: "extended-resource claim of a done pod is cleaned up",
+            claim: {
                 let mut v = structured.clone();
                 merge(
                     &mut v,
@@ -767,36 +762,51 @@ fn claim_work_table() {
                 );
                 reserved_claim(v)
             },
-            vec![pod_with(json!({"status": {"phase": "Failed",
+            pods: vec![pod_with(json!({"status": {"phase": "Failed",
                 "extendedResourceClaimStatus": {"resourceClaimName": GENERATED, "requestMappings": []}}}))],
-            vec![],
-            vec![],
-            act(Some((vec![], true)), false, true, true),
-        ),
-        (
-            "unused claim of a running pod stays",
-            claim_with(GENERATED, owned_by(POD_UID)),
-            vec![running],
-            vec![],
-            vec![],
-            nothing.clone(),
-        ),
-        (
-            "owner pod unknown: left to the garbage collector",
-            claim_with(GENERATED, owned_by(POD_UID)),
-            vec![],
-            vec![],
-            vec![],
-            nothing,
-        ),
+            deleted: vec![],
+            live: vec![],
+            want: act(Some((vec![], true)), false, true, true),
+        },
+        ClaimRow {
+            case: "unused claim of a running pod stays",
+            claim: claim_with(GENERATED, owned_by(POD_UID)),
+            pods: vec![running],
+            deleted: vec![],
+            live: vec![],
+            want: nothing.clone(),
+        },
+        ClaimRow {
+            case: "owner pod unknown: left to the garbage collector",
+            claim: claim_with(GENERATED, owned_by(POD_UID)),
+            pods: vec![],
+            deleted: vec![],
+            live: vec![],
+            want: nothing,
+        },
     ];
-    for (name, claim, pods, deleted, live, want) in rows {
-        assert_eq!(
-            decide_claim(&claim, &pods, &deleted, &live),
-            want,
-            "case {name:?}"
-        );
-    }
+    let failures: Vec<String> = rows
+        .into_iter()
+        .filter_map(|row| {
+            let got = decide_claim(&row.claim, &row.pods, &row.deleted, &row.live);
+            (got != row.want)
+                .then(|| format!("case {:?}: got {got:?}, want {:?}", row.case, row.want))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// One row of [`claim_work_table`].
+struct ClaimRow {
+    case: &'static str,
+    claim: ClaimView,
+    /// Pods in the cache.
+    pods: Vec<PodView>,
+    /// UIDs of pods seen deleted.
+    deleted: Vec<&'static str>,
+    /// Answers of live lookups, by pod UID.
+    live: Vec<(&'static str, LivePod)>,
+    want: ClaimDecision,
 }
 
 #[test]
