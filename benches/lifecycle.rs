@@ -16,32 +16,10 @@
 //! controllers then alternate in turn and the table shows medians.
 //! Nothing here asserts on time: it measures and reports.
 
-// The harness modules are shared by `#[path]` between the test, bench and
-// example crates; in each crate they are private, so their `pub` items are
-// "unreachable" by design.
+// The bench's own modules share helpers among themselves with `pub`.
 #![allow(unreachable_pub)]
 
-#[allow(dead_code)]
-#[path = "../tests/e2e/cluster.rs"]
-mod cluster;
-// helm.rs allows dead code itself.
-#[path = "../tests/support/helm.rs"]
-mod helm;
-#[allow(dead_code)]
-#[path = "../tests/e2e/pki.rs"]
-mod pki;
-#[allow(dead_code)]
-#[path = "../tests/e2e/procs.rs"]
-mod procs;
-#[allow(dead_code)]
-#[path = "../tests/e2e/rawhttp.rs"]
-mod rawhttp;
-#[allow(dead_code)]
-#[path = "../tests/e2e/rbac.rs"]
-mod rbac;
-#[allow(dead_code)]
-#[path = "../tests/e2e/reference.rs"]
-mod reference;
+use dra_e2e::{cluster, helm, procs, rawhttp, reference};
 
 #[path = "lifecycle/load.rs"]
 mod load;

@@ -8,28 +8,7 @@
 //! Leader election is off unless a flag says otherwise: one developer, one
 //! replica. Ctrl-C stops the controller and the local API server.
 
-// The harness modules are shared by `#[path]` between the test, bench and
-// example crates; in each crate they are private, so their `pub` items are
-// "unreachable" by design.
-#![allow(unreachable_pub)]
-
-#[path = "../tests/e2e/cluster.rs"]
-#[allow(dead_code)]
-mod cluster;
-#[path = "../tests/support/helm.rs"]
-mod helm;
-#[path = "../tests/e2e/pki.rs"]
-#[allow(dead_code)]
-mod pki;
-#[path = "../tests/e2e/procs.rs"]
-#[allow(dead_code)]
-mod procs;
-#[path = "../tests/e2e/rawhttp.rs"]
-#[allow(dead_code)]
-mod rawhttp;
-#[path = "../tests/e2e/rbac.rs"]
-#[allow(dead_code)]
-mod rbac;
+use dra_e2e::{cluster, rbac};
 
 use std::process::ExitCode;
 

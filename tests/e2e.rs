@@ -13,36 +13,13 @@
 //! - `DRA_E2E_RBAC=builtin`: use the built-in RBAC rules instead of the chart's.
 //! - `DRA_E2E_APISERVER_FEATURE_GATES`: the API server's `--feature-gates`.
 
-// The harness modules are shared by `#[path]` between the test, bench and
-// example crates; in each crate they are private, so their `pub` items are
-// "unreachable" by design.
+// Scenario modules are private to this test crate and share helpers among
+// themselves with `pub`, which the lint would call unreachable.
 #![allow(unreachable_pub)]
 
-#[path = "support/helm.rs"]
-mod helm;
-
-#[path = "e2e/cluster.rs"]
-mod cluster;
-#[path = "e2e/ctx.rs"]
-mod ctx;
-#[path = "e2e/fault_proxy.rs"]
-mod fault_proxy;
-#[path = "e2e/faults.rs"]
-mod faults;
-#[path = "e2e/invariants.rs"]
-mod invariants;
-#[path = "e2e/k8s.rs"]
-mod k8s;
-#[path = "e2e/pki.rs"]
-mod pki;
-#[path = "e2e/procs.rs"]
-mod procs;
-#[path = "e2e/rawhttp.rs"]
-mod rawhttp;
-#[path = "e2e/rbac.rs"]
-mod rbac;
-#[path = "e2e/replica.rs"]
-mod replica;
+use dra_e2e::{
+    cluster, ctx, fault_proxy, faults, invariants, k8s, procs, rawhttp, rbac, reference, replica,
+};
 
 #[path = "e2e/faults_api.rs"]
 mod faults_api;
@@ -63,9 +40,6 @@ mod scenarios_gates;
 mod scenarios_reservations;
 #[path = "e2e/scenarios_scale.rs"]
 mod scenarios_scale;
-
-#[path = "e2e/reference.rs"]
-mod reference;
 
 #[path = "e2e/differential.rs"]
 mod differential;

@@ -1,14 +1,8 @@
 //! Tests of the Helm chart in charts/dra-claim-controller, rendered by a real
-//! Helm (see tests/support/helm.rs). Tests that need Helm pass with a SKIP
+//! Helm (see the `dra_e2e::helm` harness module). Tests that need Helm pass with a SKIP
 //! line when it cannot be installed here.
 
-// The harness modules are shared by `#[path]` between the test, bench and
-// example crates; in each crate they are private, so their `pub` items are
-// "unreachable" by design.
-#![allow(unreachable_pub)]
-
-#[path = "support/helm.rs"]
-mod helm;
+use dra_e2e::helm;
 
 use std::collections::{BTreeMap, BTreeSet};
 

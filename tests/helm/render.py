@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Lint and render a Helm chart with the helm-python-sdk (Helm's Go SDK).
 
-Used by tests/support/helm.rs. Equivalent to
+Used by the harness module crates/e2e/src/helm.rs. Equivalent to
 
     helm lint --strict --namespace NS [--set ...] CHART
     helm template NAME CHART --namespace NS [--set ...]

@@ -157,7 +157,7 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> Result<(), SyncError> 
             ClaimDecision::NeedLiveLookup(pods) => {
                 for (pod_name, uid) in pods {
                     let state = lookup_pod(ctx, &ns, &pod_name, &uid).await?;
-                    debug!(claim = %key, pod = %format!("{ns}/{pod_name}"), ?state, "checked reserved pod with the API server");
+                    debug!(pod = %pod_name, ?state, "checked reserved pod with the API server");
                     live.insert(uid, state);
                 }
             }
@@ -176,7 +176,11 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> Result<(), SyncError> 
             .map_err(kube_err(format_args!(
                 "removing stale status.reservedFor entries of ResourceClaim {key}"
             )))?;
-        info!(claim = %key, remaining = remaining.len(), deallocated = *deallocate, "removed stale reservations");
+        info!(
+            remaining = remaining.len(),
+            deallocated = *deallocate,
+            "removed stale reservations"
+        );
     } else if actions.deallocate {
         current = api
             .patch_status(
@@ -188,7 +192,7 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> Result<(), SyncError> 
             .map_err(kube_err(format_args!(
                 "clearing status.allocation of ResourceClaim {key}"
             )))?;
-        info!(claim = %key, "deallocated unused claim that is being deleted");
+        info!("deallocated unused claim that is being deleted");
     }
     if actions.release_finalizer
         && !current.is_allocated()
@@ -199,7 +203,7 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> Result<(), SyncError> 
             .map_err(kube_err(format_args!(
                 "removing finalizer {DELETE_PROTECTION_FINALIZER} of ResourceClaim {key}"
             )))?;
-        info!(claim = %key, "removed delete-protection finalizer");
+        info!("removed delete-protection finalizer");
     }
     if actions.delete {
         let params = DeleteParams {
@@ -210,7 +214,7 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> Result<(), SyncError> 
             ..Default::default()
         };
         match api.delete(&name, &params).await {
-            Ok(_) => info!(claim = %key, "deleted claim of a pod that is done or replaced"),
+            Ok(_) => info!("deleted claim of a pod that is done or replaced"),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => {
                 return Err(SyncError::kube(

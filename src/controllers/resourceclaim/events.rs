@@ -1,6 +1,7 @@
 //! Warning events on pods, as core/v1 Events (what `kubectl describe pod`
 //! shows), with the same source component as kube-controller-manager's
-//! controller.
+//! controller. Events are written from within a sync, whose span names
+//! the pod.
 //!
 //! A key retried with backoff repeats the same warning; like client-go's
 //! event correlator we then bump `count` and `lastTimestamp` of the event
@@ -60,7 +61,7 @@ impl EventRecorder {
 
     pub async fn warn(&self, pod: &PodView, reason: &str, message: &str) {
         let Some(client) = &self.client else {
-            debug!(pod = %format!("{}/{}", pod.namespace(), pod.name()), reason, message, "event (not sent)");
+            debug!(reason, message, "event (not sent)");
             return;
         };
         let ns = pod.namespace().to_string();
@@ -96,7 +97,7 @@ impl EventRecorder {
             {
                 Ok(_) => return,
                 Err(e) => {
-                    debug!(pod = %format!("{ns}/{}", pod.name()), error = %e, "updating event failed, creating a new one")
+                    debug!(reason, error = %e, "updating event failed, creating a new one")
                 }
             }
         }
@@ -142,7 +143,7 @@ impl EventRecorder {
                 );
             }
             Err(e) => {
-                warn!(pod = %format!("{ns}/{}", pod.name()), reason, error = %e, "writing event failed")
+                warn!(reason, error = %e, "writing event failed")
             }
         }
     }

@@ -500,7 +500,7 @@ async fn create_unless_committed(
                 && c.annotation(POD_CLAIM_NAME_ANNOTATION) == Some(entry)
                 && !c.is_deleting()
         }) {
-            info!(pod = %format!("{ns}/{}", pod.name()), entry, claim = %found.name(), "an earlier create did commit; adopting it");
+            info!(entry, claim = %found.name(), "an earlier create did commit; adopting it");
             return Ok(found);
         }
     }

@@ -14,9 +14,6 @@
 //! one `SKIP: helm-python-sdk unavailable (<reason>)` line; set
 //! `DRA_HELM_TESTS_REQUIRED=1` to turn that into an error instead.
 //!
-//! Include it from a test crate with
-//! `#[path = "support/helm.rs"] mod helm;`.
-#![allow(dead_code)]
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -31,9 +28,12 @@ pub const HELM_PYTHON_SDK_VERSION: &str = "0.2.2";
 /// Set to `1` to make an unavailable Helm a test failure rather than a skip.
 pub const REQUIRED_ENV: &str = "DRA_HELM_TESTS_REQUIRED";
 
-/// Repository root (the package's manifest directory).
+/// Repository root: two levels above this crate (`crates/e2e`).
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap_or_else(|_| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")))
 }
 
 /// The chart directory.

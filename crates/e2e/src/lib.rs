@@ -1,0 +1,29 @@
+//! The end-to-end harness of dra-claim-controller, shared by its e2e tests,
+//! its benchmark and its development runner:
+//!
+//! - [`cluster`]: a real etcd and kube-apiserver on loopback ports, found like
+//!   controller-runtime's envtest finds them (`KUBEBUILDER_ASSETS`, else
+//!   `/usr/local/kubebuilder/bin`), and controller processes with the chart's
+//!   RBAC ([`rbac`], [`helm`], [`pki`], [`procs`], [`replica`], [`rawhttp`]);
+//! - [`ctx`]: a test's context (shared or isolated server, its namespace);
+//! - [`k8s`]: the objects and API calls scenarios use;
+//! - [`fault_proxy`], [`faults`], [`invariants`]: faults and the checks that
+//!   nothing was lost or doubled;
+//! - [`reference`]: kube-controller-manager as the reference, for the
+//!   differential mode and the benchmark.
+//!
+//! Without the binaries, tests print one `SKIP:` line and pass.
+
+pub mod cluster;
+pub mod ctx;
+pub mod fault_proxy;
+pub mod faults;
+pub mod helm;
+pub mod invariants;
+pub mod k8s;
+pub mod pki;
+pub mod procs;
+pub mod rawhttp;
+pub mod rbac;
+pub mod reference;
+pub mod replica;
