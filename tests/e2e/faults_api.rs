@@ -105,15 +105,7 @@ async fn batch_through_faulty_api() {
     assert!(created.ok(), "after creation: {created}");
     assert!(done.ok(), "after all pods are done: {done}");
     assert!(after.ok(), "with faults off: {after}");
-    let injected = counts.conflict
-        + counts.too_many
-        + counts.internal
-        + counts.unavailable
-        + counts.hold
-        + counts.cut
-        + counts.stall
-        + counts.gone_event
-        + counts.gone_http;
+    let injected = counts.faults();
     assert!(injected > 0, "the proxy injected no fault: {counts:?}");
     assert_eq!(
         run.ledger.claims_seen(),
@@ -317,17 +309,7 @@ async fn every_fault_mixed_in_one_run() {
 
     let counts = proxy.counts();
     let restarts = 2;
-    let injected = counts.conflict
-        + counts.too_many
-        + counts.internal
-        + counts.unavailable
-        + counts.hold
-        + counts.cut
-        + counts.stall
-        + counts.gone_event
-        + counts.gone_http
-        + restarts
-        + kills as u64;
+    let injected = counts.faults() + restarts + kills as u64;
     let violations = created.violations.len() + done.violations.len() + after.violations.len();
     Tally {
         violations,

@@ -39,17 +39,7 @@ async fn running_pod_keeps_extended_claim_when_status_drops_it() {
     holds_for(
         "the running pod's claim to stay reserved, allocated and protected",
         Duration::from_secs(5),
-        async || {
-            let c = t.claims().get("ext-claim").await?;
-            ensure!(
-                reserved_names(&c) == ["pods/ext"],
-                "reservedFor {:?}",
-                reserved_names(&c)
-            );
-            ensure!(is_allocated(&c), "deallocated while the pod runs");
-            ensure!(has_finalizer(&c), "finalizer removed while the pod runs");
-            Ok(())
-        },
+        async || ensure_held(&t.claims().get("ext-claim").await?, &["pods/ext"]),
     )
     .await;
     t.set_pod_phase("ext", "Succeeded").await;

@@ -253,17 +253,7 @@ async fn unknown_consumer_kinds_are_kept() {
     holds_for(
         "the widget reservation, allocation and finalizer to stay",
         Duration::from_secs(2),
-        async || {
-            let c = t.claims().get("mixed").await?;
-            ensure!(
-                reserved_names(&c) == ["widgets/w1"],
-                "reservedFor {:?}",
-                reserved_names(&c)
-            );
-            ensure!(is_allocated(&c), "deallocated");
-            ensure!(has_finalizer(&c), "finalizer removed");
-            Ok(())
-        },
+        async || ensure_held(&t.claims().get("mixed").await?, &["widgets/w1"]),
     )
     .await;
     t.finish();

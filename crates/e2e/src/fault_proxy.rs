@@ -122,6 +122,22 @@ pub struct Counted {
     pub upstream_errors: u64,
 }
 
+impl Counted {
+    /// Faults injected by the proxy, of every kind.
+    pub fn faults(&self) -> u64 {
+        self.conflict
+            + self.too_many
+            + self.internal
+            + self.unavailable
+            + self.hold
+            + self.cut
+            + self.stall
+            + self.gone_event
+            + self.gone_http
+            + self.lost_create
+    }
+}
+
 impl FaultCounts {
     pub fn snapshot(&self) -> Counted {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);

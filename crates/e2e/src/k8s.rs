@@ -245,6 +245,19 @@ pub fn ensure_released(c: &ResourceClaim) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The claim is held: reserved for exactly `consumers` (`resource/name`),
+/// still allocated and protected by the finalizer.
+pub fn ensure_held(c: &ResourceClaim, consumers: &[&str]) -> anyhow::Result<()> {
+    ensure!(
+        reserved_names(c) == consumers,
+        "reservedFor {:?}",
+        reserved_names(c)
+    );
+    ensure!(is_allocated(c), "deallocated");
+    ensure!(has_finalizer(c), "finalizer removed");
+    Ok(())
+}
+
 /// A ResourceClaimTemplate whose claims get `labels` and `annotations`.
 pub fn template_manifest(name: &str, labels: Value, annotations: Value, spec: Value) -> Value {
     json!({

@@ -100,16 +100,23 @@ fn claim_json(reserved: bool) -> Value {
     claim
 }
 
+/// A context whose cache has pod `p` done, and `p`'s claim as still
+/// reserved for it.
+fn claim_of_done_pod() -> (Context, Handle, ClaimView) {
+    let caches = Arc::new(Caches::new());
+    let done: PodView = serde_json::from_value(pod_json("Succeeded")).unwrap();
+    caches.pods.apply(object_key("ns", "p"), Arc::new(done));
+    let seen: ClaimView = serde_json::from_value(claim_json(true)).unwrap();
+    let (ctx, handle) = context(caches);
+    (ctx, handle, seen)
+}
+
 /// The claim of a pod that is done: reservation and allocation removed in
 /// one guarded status patch, then the finalizer, then the claim deleted
 /// with a UID precondition. Three requests, in that order.
 #[tokio::test]
 async fn claim_of_a_done_pod_is_released_then_deleted() {
-    let caches = Arc::new(Caches::new());
-    let done: PodView = serde_json::from_value(pod_json("Succeeded")).unwrap();
-    caches.pods.apply(object_key("ns", "p"), Arc::new(done));
-    let seen: ClaimView = serde_json::from_value(claim_json(true)).unwrap();
-    let (ctx, mut handle) = context(caches);
+    let (ctx, mut handle, seen) = claim_of_done_pod();
 
     let work = tokio::spawn(async move { claim::execute(&ctx, &seen).await });
 
@@ -165,11 +172,7 @@ async fn claim_of_a_done_pod_is_released_then_deleted() {
 /// with a conflict, and nothing else is sent.
 #[tokio::test]
 async fn failed_guard_is_a_conflict_and_stops_the_sync() {
-    let caches = Arc::new(Caches::new());
-    let done: PodView = serde_json::from_value(pod_json("Succeeded")).unwrap();
-    caches.pods.apply(object_key("ns", "p"), Arc::new(done));
-    let seen: ClaimView = serde_json::from_value(claim_json(true)).unwrap();
-    let (ctx, mut handle) = context(caches);
+    let (ctx, mut handle, seen) = claim_of_done_pod();
 
     let work = tokio::spawn(async move { claim::execute(&ctx, &seen).await });
     let invalid = json!({"kind": "Status", "status": "Failure", "code": 422,
