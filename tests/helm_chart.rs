@@ -286,6 +286,7 @@ fn schema_rejects_bad_flag_values() {
     for (key, value) in [
         ("logging.format", "xml"),
         ("shutdownTimeout", "soon"),
+        ("minResyncPeriod", "daily"),
         ("leaderElection.leaseDuration", "15"),
         ("featureGates", "DRAAdminAccess=yes"),
         ("kubeAPI.qps", "0"),
@@ -633,6 +634,7 @@ fn expected_args(values: &Value) -> Vec<String> {
         format!("--kube-api-qps={}", str_of(&values["kubeAPI"]["qps"])),
         format!("--kube-api-burst={}", str_of(&values["kubeAPI"]["burst"])),
         format!("--concurrent-syncs={}", str_of(&values["concurrentSyncs"])),
+        format!("--min-resync-period={}", str_of(&values["minResyncPeriod"])),
         format!("--feature-gates={}", str_of(&values["featureGates"])),
         format!("--leader-elect={}", str_of(&le["enabled"])),
         format!(
@@ -683,6 +685,7 @@ fn args_carry_every_flag_from_values() {
         "--kube-api-qps=20",
         "--kube-api-burst=30",
         "--concurrent-syncs=50",
+        "--min-resync-period=12h",
         "--feature-gates=DRAAdminAccess=true,DRAPrioritizedList=true,DRAExtendedResource=true",
         "--leader-elect=true",
         "--leader-elect-lease-duration=15s",
