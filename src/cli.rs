@@ -33,8 +33,13 @@ pub struct Args {
     #[arg(long, default_value_t = DEFAULT_BURST)]
     pub kube_api_burst: u32,
 
-    /// Number of workers syncing pods and claims concurrently.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    /// Number of workers syncing pods and claims concurrently (kube-controller-manager's --concurrent-resourceclaim-syncs is accepted as the same setting).
+    #[arg(
+        long,
+        alias = "concurrent-resourceclaim-syncs",
+        default_value_t = 50,
+        value_parser = clap::value_parser!(u32).range(1..=10_000)
+    )]
     pub concurrent_syncs: u32,
 
     /// Feature gates, as Name=true|false pairs. Acted on: DRAAdminAccess, DRAPrioritizedList, DRAExtendedResource (all on by default, as in Kubernetes 1.36). kube-controller-manager's other gates are accepted and ignored, so its flag value can be copied; WorkloadResourceClaims=true is refused (PodGroup claims are not supported yet).
@@ -242,6 +247,11 @@ mod tests {
         assert!(!args.feature_gates.gates.admin_access);
         assert_eq!(args.shutdown_timeout.0, Duration::from_secs(5));
         assert!(Args::try_parse_from(["x", "--log-format=yaml"]).is_err());
+        let kcm = Args::try_parse_from(["x", "--concurrent-resourceclaim-syncs=12"]).unwrap();
+        assert_eq!(
+            kcm.concurrent_syncs, 12,
+            "kube-controller-manager's spelling"
+        );
         assert!(Args::try_parse_from(["x", "--metrics-bind-address=nowhere"]).is_err());
         let off = Args::try_parse_from(["x", "--metrics-bind-address=0"]).unwrap();
         assert_eq!(off.metrics_bind_address.0, None);
