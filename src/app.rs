@@ -156,6 +156,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
     }
+    // Leadership may have come and gone while the caches loaded.
+    if !leader.is_leader() {
+        error!("lost leadership before starting work; exiting");
+        return Ok(ExitCode::from(1));
+    }
     controller.start_leading();
     let workers = tokio::spawn(
         controller
@@ -181,11 +186,19 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         timeout_s = args.shutdown_timeout.0.as_secs_f64(),
         "shutting down: abandoning requests not yet sent, waiting for those in flight"
     );
+    // No new work first, so that refused requests are not mistaken for an
+    // unreachable API server.
+    controller.queue().shut_down();
     drain.start();
     tokio::select! {
         finished = tokio::time::timeout(args.shutdown_timeout.0, controller.shut_down()) => {
             if finished.is_err() {
-                warn!("requests in flight did not finish within --shutdown-timeout; releasing the lease anyway");
+                // A request cut off now might still reach the server after a
+                // successor started: let the Lease expire instead.
+                warn!("requests in flight did not finish within --shutdown-timeout; not releasing the lease, it will expire");
+                workers.abort();
+                servers.wait().await?;
+                return Ok(ExitCode::SUCCESS);
             }
         }
         reason = &mut lost => {

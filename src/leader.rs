@@ -197,9 +197,10 @@ fn random_uuid() -> String {
 }
 
 /// Whether we may write ourselves into the Lease: it does not exist, has
-/// no holder, is ours, or has not changed for a whole lease duration since
-/// we first saw it as it is (`unchanged_since`, our own clock). Like
-/// client-go, expiry never compares another node's clock with ours.
+/// no holder, is ours, or has not changed for a whole lease duration (the
+/// record's, else `lease_duration`) since we first saw it as it is
+/// (`unchanged_since`, our own clock). Like client-go, expiry never
+/// compares another node's clock with ours.
 pub fn may_take(
     spec: Option<&LeaseSpec>,
     unchanged_since: Instant,
@@ -209,7 +210,14 @@ pub fn may_take(
 ) -> bool {
     let Some(spec) = spec else { return true };
     let holder = spec.holder_identity.as_deref().unwrap_or("");
-    holder.is_empty() || holder == identity || unchanged_since + lease_duration <= now
+    // The holder's own lease duration, as it wrote it (client-go does the
+    // same): replicas with other flags, mid-rollout, must not cut it short.
+    let valid_for = spec
+        .lease_duration_seconds
+        .and_then(|s| u64::try_from(s).ok())
+        .filter(|s| *s > 0)
+        .map_or(lease_duration, Duration::from_secs);
+    holder.is_empty() || holder == identity || unchanged_since + valid_for <= now
 }
 
 /// The Lease record that makes `identity` the holder (acquiring or
@@ -485,6 +493,21 @@ fn observed_holder(o: &Observed) -> &str {
         .unwrap_or("")
 }
 
+/// Resolves at the next change of the observation (after the caller's
+/// `mark_unchanged`) that satisfies `wake`; never for the state already
+/// seen, so a loop around it cannot spin.
+async fn next_change(changes: &mut watch::Receiver<Observed>, wake: impl Fn(&Observed) -> bool) {
+    loop {
+        if changes.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        let o = changes.borrow_and_update();
+        if o.unchanged_since.is_some() && wake(&o) {
+            return;
+        }
+    }
+}
+
 /// Watches the one Lease object, so changes (above all a release) are seen
 /// as they happen. Ends only when aborted.
 async fn watch_lease(api: Api<Lease>, name: String, observed: watch::Sender<Observed>) {
@@ -675,7 +698,10 @@ impl Elector {
             changes.mark_unchanged();
             tokio::select! {
                 _ = tokio::time::sleep(jittered(cfg.retry_period)) => {}
-                Ok(_) = changes.wait_for(|o| o.unchanged_since.is_some() && observed_holder(o).is_empty()) => {}
+                // Only a change seen after this attempt that frees the Lease
+                // wakes us early: the state the attempt just failed on must
+                // not (a refused create would otherwise loop at once).
+                () = next_change(&mut changes, |o| observed_holder(o).is_empty()) => {}
             }
         }
     }
@@ -686,19 +712,37 @@ impl Elector {
         let health = &self.status.health;
         let mut last_renewal = Instant::now();
         let mut changes = self.observed.subscribe();
+        changes.mark_unchanged();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(cfg.retry_period) => {}
-                // The watch shows another holder: stop at once.
-                Ok(_) = changes.wait_for(|o| {
-                    o.lease.is_some() && observed_holder(o) != cfg.identity
-                }) => return LeadershipLost::TakenOver,
+                // The watch shows the Lease gone or held by another: make
+                // sure with a read (a late watch event may show an older
+                // state than our own write), then stop at once.
+                () = next_change(&mut changes, |o| observed_holder(o) != cfg.identity) => {
+                    match self.read().await {
+                        Ok(Some(current)) if current
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.holder_identity.as_deref())
+                            == Some(cfg.identity.as_str()) => {
+                            lease = current;
+                            continue;
+                        }
+                        Ok(_) => return LeadershipLost::TakenOver,
+                        // Cannot tell: the renewal below decides.
+                        Err(err) => tracing::warn!(error = %err, "reading the lease failed"),
+                    }
+                }
             }
             let left = cfg.renew_deadline.saturating_sub(last_renewal.elapsed());
+            // A renewal counts from when it was sent: the record says the
+            // lease runs from about then, whenever the answer arrives.
+            let sent = Instant::now();
             match tokio::time::timeout(left, self.renew(&lease)).await {
                 Ok(Ok(renewed)) => {
                     lease = renewed;
-                    last_renewal = Instant::now();
+                    last_renewal = sent;
                     health.record_renewal(last_renewal);
                     tracing::trace!("renewed the lease");
                 }
@@ -744,6 +788,10 @@ impl Elector {
                 self.write(Some(&current), renewed(&current))
                     .await
                     .map_err(|_| None)
+            }
+            // Deleted under us: a standby may create it at once.
+            Err(WriteFailed::Other(kube::Error::Api(s))) if s.code == 404 => {
+                Err(Some(LeadershipLost::TakenOver))
             }
             Err(WriteFailed::Other(err)) => {
                 tracing::warn!(error = %err, "renewing the lease failed; retrying");
@@ -1040,6 +1088,15 @@ mod tests {
                 Some(spec(Some("other"), 1)),
                 stale,
                 true,
+            ),
+            (
+                "held with a longer lease than ours: not yet",
+                Some(LeaseSpec {
+                    lease_duration_seconds: Some(60),
+                    ..spec(Some("other"), 1)
+                }),
+                stale,
+                false,
             ),
         ];
         for (case, lease, now, want) in rows {

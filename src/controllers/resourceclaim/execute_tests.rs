@@ -248,6 +248,10 @@ async fn pod_work_creates_then_records_with_one_apply() {
         apply.query
     );
     assert_eq!(
+        apply.body["metadata"]["uid"], "pod-uid",
+        "a pod replaced meanwhile must not get this status"
+    );
+    assert_eq!(
         apply.body["status"],
         json!({"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x7k2q"}]})
     );

@@ -339,7 +339,7 @@ pub async fn execute(
     // so far are then found by name instead of by adoption. Entries that
     // failed keep the name they had (it is in `record` from the decision).
     let applied = if changed {
-        apply_claim_statuses(ctx, ns, name, &record).await
+        apply_claim_statuses(ctx, pod, &record).await
     } else {
         Ok(())
     };
@@ -540,15 +540,17 @@ pub fn claim_statuses(record: &BTreeMap<String, Option<String>>) -> Vec<Value> {
 /// would remove it.
 async fn apply_claim_statuses(
     ctx: &Context,
-    ns: &str,
-    name: &str,
+    pod: &PodView,
     record: &BTreeMap<String, Option<String>>,
 ) -> Result<(), SyncError> {
+    let (ns, name, uid) = (pod.namespace(), pod.name(), pod.uid());
     let statuses = claim_statuses(record);
     let body = json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns},
+        // The UID makes the API server refuse the write if the pod was
+        // replaced under its name meanwhile.
+        "metadata": {"name": name, "namespace": ns, "uid": uid},
         "status": {"resourceClaimStatuses": statuses},
     });
     let api: Api<PodView> = Api::namespaced(ctx.client.clone(), ns);
