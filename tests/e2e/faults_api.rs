@@ -13,7 +13,7 @@ use crate::ctx::TestCtx;
 use crate::fault_proxy::{FaultPlan, FaultProxy};
 use crate::faults::{Batch, BatchRun, Tally, check_quiet, relists};
 use crate::faults_restarts::{Victim, kill_repeatedly, restart};
-use crate::invariants::{Expect, Ledger};
+use crate::invariants::{Expect, Ledger, Report};
 use crate::k8s::{Source, pod_ref, wait_for};
 
 const PODS: usize = 100;
@@ -81,38 +81,17 @@ async fn batch_through_faulty_api() {
     run.batch.mark_done(&t).await;
     let done = run.check_released(&t, &expect).await;
 
-    // Faults off: whatever converged under faults must stay put.
-    proxy.set_enabled(false);
-    let after = check_quiet(&t, "with faults off", &expect, &run.ledger).await;
-
-    let counts = proxy.counts();
-    let violations = created.violations.len() + done.violations.len() + after.violations.len();
-    Tally {
-        violations,
-        ..Tally::from_proxy(&counts)
-    }
-    .with("gone_event", counts.gone_event)
-    .with("gone_http", counts.gone_http)
-    .with("stall", counts.stall)
-    .with("requests", counts.requests)
-    .with("watches", counts.watches)
-    .with("upstream_errors", counts.upstream_errors)
-    .with("relists", relists(&t))
-    .with("claims_seen", run.ledger.claims_seen())
-    .with("ctl_restarts", t.restarts())
-    .print(NAME);
-
-    assert!(created.ok(), "after creation: {created}");
-    assert!(done.ok(), "after all pods are done: {done}");
-    assert!(after.ok(), "with faults off: {after}");
-    let injected = counts.faults();
-    assert!(injected > 0, "the proxy injected no fault: {counts:?}");
-    assert_eq!(
-        run.ledger.claims_seen(),
-        PODS * 2,
-        "every (pod, entry) got exactly one claim over the whole scenario"
-    );
-    t.finish();
+    finish_proxied_batch(
+        t,
+        NAME,
+        &proxy,
+        &run,
+        &expect,
+        [&created, &done],
+        Tally::default(),
+        1,
+    )
+    .await;
 }
 
 /// Claim creations that succeed on the server but whose answer the
@@ -304,38 +283,74 @@ async fn every_fault_mixed_in_one_run() {
     kills += kill_repeatedly(&t, 1).await;
     let done = run.check_released(&t, &expect).await;
 
+    let tally = Tally {
+        restart: 2,
+        kill: kills as u64,
+        ..Tally::default()
+    };
+    finish_proxied_batch(
+        t,
+        NAME,
+        &proxy,
+        &run,
+        &expect,
+        [&created, &done],
+        tally,
+        1000,
+    )
+    .await;
+}
+
+/// The end of a batch run behind the fault proxy: faults off, one more
+/// check that whatever converged stays put, the `FAULTS:` line (the
+/// proxy's counts plus `tally`'s restarts and kills), and the assertions
+/// every such batch makes: no violation, at least `min_faults` faults
+/// injected, exactly one claim per (pod, entry) ever.
+#[allow(clippy::too_many_arguments)]
+async fn finish_proxied_batch(
+    t: TestCtx,
+    name: &str,
+    proxy: &FaultProxy,
+    run: &BatchRun,
+    expect: &Expect,
+    [created, done]: [&Report; 2],
+    tally: Tally,
+    min_faults: u64,
+) {
     proxy.set_enabled(false);
-    let after = check_quiet(&t, "with faults off", &expect, &run.ledger).await;
+    let after = check_quiet(&t, "with faults off", expect, &run.ledger).await;
 
     let counts = proxy.counts();
-    let restarts = 2;
-    let injected = counts.faults() + restarts + kills as u64;
+    let injected = counts.faults() + tally.restart + tally.kill;
     let violations = created.violations.len() + done.violations.len() + after.violations.len();
     Tally {
         violations,
-        restart: restarts,
-        kill: kills as u64,
+        restart: tally.restart,
+        kill: tally.kill,
         ..Tally::from_proxy(&counts)
     }
+    .with("gone_event", counts.gone_event)
+    .with("gone_http", counts.gone_http)
     .with("stall", counts.stall)
     .with("injected", injected)
     .with("requests", counts.requests)
     .with("watches", counts.watches)
+    .with("upstream_errors", counts.upstream_errors)
     .with("relists", relists(&t))
     .with("claims_seen", run.ledger.claims_seen())
     .with("ctl_restarts", t.restarts())
-    .print(NAME);
+    .print(name);
 
     assert!(created.ok(), "after creation: {created}");
     assert!(done.ok(), "after all pods are done: {done}");
     assert!(after.ok(), "with faults off: {after}");
     assert!(
-        injected >= 1000,
-        "only {injected} faults injected: {counts:?}"
+        injected >= min_faults,
+        "only {injected} faults injected (at least {min_faults} wanted): {counts:?}"
     );
     assert_eq!(
         run.ledger.claims_seen(),
-        PODS * 2,
+        run.batch.pods * 2,
         "every (pod, entry) got exactly one claim over the whole scenario"
     );
     t.finish();
