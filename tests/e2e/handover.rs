@@ -308,11 +308,22 @@ async fn assert_lease_held_by(t: &TestCtx, leader: &Replica) {
 /// API writes of one process: `rest_client_requests_total` has no path
 /// label, so lease writes count too.
 fn writes(metrics: &str) -> f64 {
+    requests_by_method(metrics, &WRITE_METHODS)
+}
+
+/// Claim and pod writes (POST, PATCH, DELETE) of one process; lease
+/// renewals are PUTs and do not count.
+fn claim_writes(metrics: &str) -> f64 {
+    requests_by_method(metrics, &["POST", "PATCH", "DELETE"])
+}
+
+/// Sum of `rest_client_requests_total` over the given methods.
+fn requests_by_method(metrics: &str, methods: &[&str]) -> f64 {
     metrics
         .lines()
         .filter(|l| l.starts_with("rest_client_requests_total{"))
         .filter(|l| {
-            WRITE_METHODS
+            methods
                 .iter()
                 .any(|m| l.contains(&format!("method=\"{m}\"")))
         })
@@ -408,21 +419,6 @@ struct Handover {
     leading: Duration,
     /// Until the new replica's first claim or pod write.
     first_write: Duration,
-}
-
-/// Claim and pod writes (POST, PATCH, DELETE) of one process; lease
-/// renewals are PUTs and do not count.
-fn claim_writes(metrics: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("rest_client_requests_total{"))
-        .filter(|l| {
-            ["POST", "PATCH", "DELETE"]
-                .iter()
-                .any(|m| l.contains(&format!("method=\"{m}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// Creates a pod with both template entries every [`POD_INTERVAL`] until stopped.
