@@ -48,6 +48,18 @@ pub fn init_logging(args: &Args) {
     }
 }
 
+/// Logging for the read-only commands: warnings and errors only, as text on
+/// stderr (stdout carries the report). RUST_LOG overrides the level.
+pub fn init_tool_logging() {
+    let spec = std::env::var(EnvFilter::DEFAULT_ENV).unwrap_or_else(|_| "warn".into());
+    let filter = EnvFilter::try_new(log_filter(&spec)).unwrap_or_else(|_| EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
 /// Runs `work` on a multi-threaded runtime and turns its outcome into the
 /// process exit code, reporting errors the same way for every entry point.
 pub fn block_on_exit(
@@ -84,6 +96,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         qps: args.kube_api_qps,
         burst: args.kube_api_burst,
         kubeconfig: args.kubeconfig.clone(),
+        context: None,
     };
     let (client, drain) = build_client(&client_opts, &registry).await?;
 

@@ -18,9 +18,15 @@ use crate::controllers::resourceclaim::features::FeatureGateFlag;
 #[command(
     name = "dra-claim-controller",
     version,
-    about = "Runs the DRA ResourceClaim lifecycle (kube-controller-manager's resourceclaim-controller) as its own process."
+    about = "Runs the DRA ResourceClaim lifecycle (kube-controller-manager's resourceclaim-controller) as its own process.",
+    long_about = "Runs the DRA ResourceClaim lifecycle (kube-controller-manager's resourceclaim-controller) as its own process.\n\nWithout a subcommand it runs the controller with the flags below; drain-check and audit are read-only checks for admins (also installed as the kubectl plugin kubectl-dra).",
+    args_conflicts_with_subcommands = true
 )]
 pub struct Args {
+    /// A read-only check instead of the controller.
+    #[command(subcommand)]
+    pub tool: Option<crate::inspect::Tool>,
+
     /// Kubeconfig file. Default: $KUBECONFIG or ~/.kube/config, else the in-cluster service account.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,

@@ -59,6 +59,8 @@ pub struct ClientOptions {
     /// Explicit kubeconfig file. `None` infers the configuration: `KUBECONFIG`
     /// or `~/.kube/config`, then the in-cluster service account.
     pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context other than the current one.
+    pub context: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -67,6 +69,7 @@ impl Default for ClientOptions {
             qps: DEFAULT_QPS,
             burst: DEFAULT_BURST,
             kubeconfig: None,
+            context: None,
         }
     }
 }
@@ -191,12 +194,23 @@ pub fn user_agent() -> String {
 /// Loads the client configuration: the explicit kubeconfig if given,
 /// otherwise kube's inference (KUBECONFIG / ~/.kube/config, then in-cluster).
 async fn load_config(opts: &ClientOptions) -> anyhow::Result<kube::Config> {
+    let options = KubeConfigOptions {
+        context: opts.context.clone(),
+        ..Default::default()
+    };
     if let Some(path) = &opts.kubeconfig {
         let kubeconfig = Kubeconfig::read_from(path)
             .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-        return kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        return kube::Config::from_custom_kubeconfig(kubeconfig, &options)
             .await
             .with_context(|| format!("loading kubeconfig {}", path.display()));
+    }
+    if let Some(context) = &opts.context {
+        return kube::Config::from_kubeconfig(&options)
+            .await
+            .with_context(|| {
+                format!("loading context {context} from $KUBECONFIG or ~/.kube/config")
+            });
     }
     kube::Config::infer().await.map_err(|err| {
         // kube's error lists both sources that failed; say what to do about it.

@@ -14,6 +14,9 @@
 //!   caches, watches' effects, feature gates) and [`naming`] (claim-entry
 //!   resolution and generated names), wired together in [`app`] with the
 //!   flags of [`cli`].
+//! - **The admin's tools**: [`inspect`] (`drain-check` and `audit`, also
+//!   as the kubectl plugin `kubectl-dra`), read-only, sharing the claim
+//!   classifier with the controller's metrics.
 //!
 //! The library surface exists so that integration tests and benchmarks can
 //! drive the same code the binary runs.
@@ -25,6 +28,7 @@ pub mod controllers;
 pub mod exposition;
 pub mod http;
 pub mod informer;
+pub mod inspect;
 pub mod leader;
 pub mod naming;
 pub mod reachability;

@@ -7,6 +7,7 @@
 //! which pods are kept at all.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -205,6 +206,9 @@ pub struct Caches {
     /// (pod UID, entry) of pods on a node whose missing recorded claim the
     /// user was told about (once is enough).
     missing_reported: RecentSet<(String, String)>,
+    /// Every watch has loaded its first list: absence from a cache now
+    /// means absence from the cluster (what scrape-time gauges rely on).
+    synced: AtomicBool,
 }
 
 impl Default for Caches {
@@ -229,7 +233,16 @@ impl Caches {
             deleted_pods: RecentSet::new(500),
             uncertain_creates: RecentSet::new(10_000),
             missing_reported: RecentSet::new(10_000),
+            synced: AtomicBool::new(false),
         }
+    }
+
+    pub fn mark_synced(&self) {
+        self.synced.store(true, Ordering::Release);
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
     }
 
     /// A claim by name: the watch's view first, else one we just created.

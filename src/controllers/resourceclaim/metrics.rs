@@ -1,6 +1,8 @@
 //! The claim metrics of kube-controller-manager's controller, same names and
 //! labels: `resourceclaim_controller_creates_total{status,admin_access}` and
-//! `resourceclaim_controller_resource_claims{allocated,admin_access,source}`.
+//! `resourceclaim_controller_resource_claims{allocated,admin_access,source}`;
+//! and our own `dra_claim_controller_claims{state}`, the claims that need
+//! attention, judged by the classifier `drain-check` and `audit` use.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,8 +11,9 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use super::cache::Caches;
+use super::cache::{Caches, object_key};
 use super::views::ClaimView;
+use crate::inspect::classify::{ClaimFacts, ProblemKind, problems};
 use crate::naming::{EXTENDED_RESOURCE_CLAIM_ANNOTATION, POD_CLAIM_NAME_ANNOTATION};
 
 const CLAIMS_HELP: &str = "Number of ResourceClaims, categorized by allocation status, admin access, and source. \
@@ -35,7 +38,8 @@ impl ControllerMetrics {
             &["status", "admin_access"],
         )?;
         registry.register(Box::new(creates.clone()))?;
-        registry.register(Box::new(ClaimGauge::new(caches)?))?;
+        registry.register(Box::new(ClaimGauge::new(caches.clone())?))?;
+        registry.register(Box::new(ProblemGauge::new(caches)?))?;
         Ok(ControllerMetrics { creates })
     }
 
@@ -124,6 +128,75 @@ impl Collector for ClaimGauge {
     }
 }
 
+const PROBLEMS_NAME: &str = "dra_claim_controller_claims";
+const PROBLEMS_HELP: &str = "ResourceClaims that need attention, by state: stale_reservation (reserved for a pod that is gone, \
+replaced or done), leaked_allocation (allocated, reserved for nobody, no live owner), orphaned_generated (generated for a \
+pod that is done or gone), stuck_deleting (deleted over a minute ago, finalizer still set). A claim may be in several \
+states. Computed from the caches at scrape time; absent until they are loaded.";
+
+/// `dra_claim_controller_claims{state}`, computed from the caches at
+/// scrape time (no API calls). Nothing is exported before the caches are
+/// loaded: a pod not cached yet is not a pod that is gone.
+struct ProblemGauge {
+    caches: Arc<Caches>,
+    desc: Vec<Desc>,
+}
+
+impl ProblemGauge {
+    fn new(caches: Arc<Caches>) -> prometheus::Result<Self> {
+        let desc = Desc::new(
+            PROBLEMS_NAME.into(),
+            PROBLEMS_HELP.into(),
+            vec!["state".into()],
+            Default::default(),
+        )?;
+        Ok(ProblemGauge {
+            caches,
+            desc: vec![desc],
+        })
+    }
+
+    /// Claims per state, every state present.
+    fn counts(&self) -> BTreeMap<ProblemKind, i64> {
+        let mut counts: BTreeMap<ProblemKind, i64> =
+            ProblemKind::GAUGE_STATES.iter().map(|k| (*k, 0)).collect();
+        let now = k8s_openapi::jiff::Timestamp::now();
+        for claim in self.caches.claims.list() {
+            let facts = ClaimFacts::from(&*claim);
+            let lookup = |name: &str| self.caches.pods.get(&object_key(facts.namespace, name));
+            let mut kinds: Vec<ProblemKind> = problems(&facts, &lookup, now)
+                .iter()
+                .map(|p| p.kind())
+                .collect();
+            kinds.dedup();
+            for kind in kinds {
+                if let Some(n) = counts.get_mut(&kind) {
+                    *n += 1;
+                }
+            }
+        }
+        counts
+    }
+}
+
+impl Collector for ProblemGauge {
+    fn desc(&self) -> Vec<&Desc> {
+        self.desc.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        if !self.caches.is_synced() {
+            return Vec::new();
+        }
+        let gauge = IntGaugeVec::new(Opts::new(PROBLEMS_NAME, PROBLEMS_HELP), &["state"])
+            .expect("static metric definition");
+        for (kind, n) in self.counts() {
+            gauge.with_label_values(&[kind.label()]).set(n);
+        }
+        gauge.collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +236,58 @@ mod tests {
             r#"resourceclaim_controller_resource_claims{admin_access="false",allocated="false",source=""} 1"#,
             r#"resourceclaim_controller_creates_total{admin_access="false",status="success"} 1"#,
             r#"resourceclaim_controller_creates_total{admin_access="true",status="failure"} 1"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn problem_gauge_counts_claims_once_loaded() {
+        let caches = Arc::new(Caches::new());
+        let claims = [
+            // Reserved for a pod that is not there, and allocated: stale.
+            json!({"metadata": {"name": "stale", "namespace": "ns"},
+                   "status": {"allocation": {}, "reservedFor": [{"resource": "pods", "name": "gone", "uid": "u0"}]}}),
+            // Allocated for nobody: leaked.
+            json!({"metadata": {"name": "leaked", "namespace": "ns"}, "status": {"allocation": {}}}),
+            // Generated for a running pod and reserved: fine.
+            json!({"metadata": {"name": "fine", "namespace": "ns",
+                                "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+                                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "runs", "uid": "u1", "controller": true}]},
+                   "status": {"allocation": {}, "reservedFor": [{"resource": "pods", "name": "runs", "uid": "u1"}]}}),
+        ];
+        for c in claims {
+            let claim: ClaimView = serde_json::from_value(c).unwrap();
+            caches
+                .claims
+                .apply(format!("ns/{}", claim.name()), Arc::new(claim));
+        }
+        let pod: super::super::views::PodView = serde_json::from_value(json!({
+            "metadata": {"name": "runs", "namespace": "ns", "uid": "u1"},
+            "spec": {"nodeName": "n", "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+            "status": {"phase": "Running"}}))
+        .unwrap();
+        caches.pods.apply("ns/runs".into(), Arc::new(pod));
+        let registry = Registry::new();
+        ControllerMetrics::register(&registry, caches.clone()).unwrap();
+        let text = || {
+            let mut out = Vec::new();
+            prometheus::TextEncoder::new()
+                .encode(&registry.gather(), &mut out)
+                .unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        assert!(
+            !text().contains("dra_claim_controller_claims"),
+            "nothing before the caches are loaded"
+        );
+        caches.mark_synced();
+        let text = text();
+        for line in [
+            r#"dra_claim_controller_claims{state="stale_reservation"} 1"#,
+            r#"dra_claim_controller_claims{state="leaked_allocation"} 1"#,
+            r#"dra_claim_controller_claims{state="orphaned_generated"} 0"#,
+            r#"dra_claim_controller_claims{state="stuck_deleting"} 0"#,
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

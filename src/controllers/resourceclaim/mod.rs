@@ -112,6 +112,7 @@ impl Controller {
         self.pods.wait_synced().await;
         self.claims.wait_synced().await;
         self.templates.wait_synced().await;
+        self.ctx.caches.mark_synced();
     }
 
     pub fn is_synced(&self) -> bool {

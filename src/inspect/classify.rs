@@ -1,0 +1,579 @@
+//! What is wrong with a claim, judged from the claim and the pods it names.
+//!
+//! One classifier serves three readers: `drain-check` (one node), `audit`
+//! (the cluster) and the controller's `dra_claim_controller_claims` gauge
+//! (its caches, at scrape time). It is pure: the caller passes a lookup of
+//! pods by name in the claim's namespace and the current time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimConsumerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::controllers::resourceclaim::views::{ClaimView, PodView};
+use crate::naming::{
+    DELETE_PROTECTION_FINALIZER, EXTENDED_RESOURCE_CLAIM_ANNOTATION, POD_CLAIM_NAME_ANNOTATION,
+};
+
+/// A claim deleted longer ago than this while its finalizer is still set
+/// counts as stuck. The claim controller removes the finalizer within
+/// moments of deallocating it; a minute leaves room for a busy controller.
+pub const STUCK_DELETING_AFTER: Duration = Duration::from_secs(60);
+
+/// The fields of a claim the classifier reads, borrowed from either the
+/// full API object or the controller's cached view.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimFacts<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub allocated: bool,
+    pub reserved_for: &'a [ResourceClaimConsumerReference],
+    pub owners: &'a [OwnerReference],
+    /// Made by a controller for one pod (from a template, or for extended
+    /// resources): it should go when its pod is done.
+    pub generated: bool,
+    pub deleted_at: Option<Timestamp>,
+    pub delete_protected: bool,
+}
+
+fn is_generated(annotations: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+    annotations.is_some_and(|a| {
+        a.get(POD_CLAIM_NAME_ANNOTATION)
+            .is_some_and(|v| !v.is_empty())
+            || a.get(EXTENDED_RESOURCE_CLAIM_ANNOTATION)
+                .is_some_and(|v| v == "true")
+    })
+}
+
+impl<'a> From<&'a ResourceClaim> for ClaimFacts<'a> {
+    fn from(c: &'a ResourceClaim) -> Self {
+        let status = c.status.as_ref();
+        ClaimFacts {
+            namespace: c.metadata.namespace.as_deref().unwrap_or_default(),
+            name: c.metadata.name.as_deref().unwrap_or_default(),
+            allocated: status.is_some_and(|s| s.allocation.is_some()),
+            reserved_for: status
+                .and_then(|s| s.reserved_for.as_deref())
+                .unwrap_or_default(),
+            owners: c.metadata.owner_references.as_deref().unwrap_or_default(),
+            generated: is_generated(c.metadata.annotations.as_ref()),
+            deleted_at: c.metadata.deletion_timestamp.as_ref().map(|t| t.0),
+            delete_protected: c
+                .metadata
+                .finalizers
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .any(|f| f == DELETE_PROTECTION_FINALIZER),
+        }
+    }
+}
+
+impl<'a> From<&'a ClaimView> for ClaimFacts<'a> {
+    fn from(c: &'a ClaimView) -> Self {
+        ClaimFacts {
+            namespace: c.namespace(),
+            name: c.name(),
+            allocated: c.is_allocated(),
+            reserved_for: &c.status.reserved_for,
+            owners: c.owner_references(),
+            generated: is_generated(c.metadata.annotations.as_ref()),
+            deleted_at: c.metadata.deletion_timestamp.as_ref().map(|t| t.0),
+            delete_protected: c
+                .finalizers()
+                .iter()
+                .any(|f| f == DELETE_PROTECTION_FINALIZER),
+        }
+    }
+}
+
+/// What became of a pod a claim names (as consumer or owner).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodState {
+    /// Exists with the named UID and may run: its devices may be prepared.
+    Active {
+        node: Option<String>,
+        /// Deleted, but its containers may still run on its node.
+        terminating: bool,
+    },
+    /// Succeeded or Failed (or deleted before it was ever scheduled).
+    Done { phase: String },
+    /// No pod of that name.
+    Gone,
+    /// A pod of that name with another UID: the named one is gone.
+    Replaced,
+}
+
+impl PodState {
+    /// The pod named by `uid`, judged from what the lookup found.
+    pub fn of(found: Option<&PodView>, uid: &str) -> PodState {
+        let Some(pod) = found else {
+            return PodState::Gone;
+        };
+        if !uid.is_empty() && pod.uid() != uid {
+            return PodState::Replaced;
+        }
+        if pod.is_done() {
+            let phase = if pod.is_terminal() {
+                pod.status.phase.clone().unwrap_or_default()
+            } else {
+                "DeletedBeforeScheduling".into()
+            };
+            return PodState::Done { phase };
+        }
+        PodState::Active {
+            node: pod.node_name().map(str::to_string),
+            terminating: pod.is_deleting(),
+        }
+    }
+
+    pub fn is_active(&self) -> bool {
+        matches!(self, PodState::Active { .. })
+    }
+
+    /// A short word for tables and JSON.
+    pub fn describe(&self) -> String {
+        match self {
+            PodState::Active {
+                terminating: true, ..
+            } => "Terminating".into(),
+            PodState::Active { node: None, .. } => "Pending".into(),
+            PodState::Active { .. } => "Running".into(),
+            PodState::Done { phase } => phase.clone(),
+            PodState::Gone => "Gone".into(),
+            PodState::Replaced => "Replaced".into(),
+        }
+    }
+}
+
+/// A pod a claim names, and what became of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub state: PodState,
+}
+
+/// A problem with one claim. A claim may have several.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Problem {
+    /// `reservedFor` names a pod that is gone, replaced or done: the claim
+    /// controller has not caught up (or is not running), or the pod was
+    /// force-deleted.
+    StaleReservation { consumer: PodRef },
+    /// Allocated, reserved for nobody, and no live pod owns it: its devices
+    /// are held for no one.
+    LeakedAllocation { owner: Option<PodRef> },
+    /// Generated for a pod that is done or gone, and not deleted.
+    OrphanedGenerated { owner: PodRef },
+    /// Deleted a while ago, still held by the delete-protection finalizer.
+    StuckDeleting { deleted_for: Duration },
+    /// Reserved for something other than a pod, which this tool cannot check.
+    UnverifiableConsumer {
+        api_group: String,
+        resource: String,
+        name: String,
+    },
+}
+
+/// The kinds of [`Problem`], as the gauge labels them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ProblemKind {
+    StaleReservation,
+    LeakedAllocation,
+    OrphanedGenerated,
+    StuckDeleting,
+    UnverifiableConsumer,
+}
+
+impl ProblemKind {
+    /// The states the controller's gauge exports (always all of them, so
+    /// alerts see zeros rather than absent series).
+    pub const GAUGE_STATES: [ProblemKind; 4] = [
+        ProblemKind::StaleReservation,
+        ProblemKind::LeakedAllocation,
+        ProblemKind::OrphanedGenerated,
+        ProblemKind::StuckDeleting,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ProblemKind::StaleReservation => "stale_reservation",
+            ProblemKind::LeakedAllocation => "leaked_allocation",
+            ProblemKind::OrphanedGenerated => "orphaned_generated",
+            ProblemKind::StuckDeleting => "stuck_deleting",
+            ProblemKind::UnverifiableConsumer => "unverifiable_consumer",
+        }
+    }
+}
+
+impl Problem {
+    pub fn kind(&self) -> ProblemKind {
+        match self {
+            Problem::StaleReservation { .. } => ProblemKind::StaleReservation,
+            Problem::LeakedAllocation { .. } => ProblemKind::LeakedAllocation,
+            Problem::OrphanedGenerated { .. } => ProblemKind::OrphanedGenerated,
+            Problem::StuckDeleting { .. } => ProblemKind::StuckDeleting,
+            Problem::UnverifiableConsumer { .. } => ProblemKind::UnverifiableConsumer,
+        }
+    }
+}
+
+/// Whether a `reservedFor` entry names a core pod.
+pub fn is_pod_consumer(r: &ResourceClaimConsumerReference) -> bool {
+    r.resource == "pods" && r.api_group.as_deref().unwrap_or_default().is_empty()
+}
+
+/// The pods `reservedFor` names, with their states.
+pub fn pod_consumers(
+    claim: &ClaimFacts<'_>,
+    pods: &dyn Fn(&str) -> Option<Arc<PodView>>,
+) -> Vec<PodRef> {
+    claim
+        .reserved_for
+        .iter()
+        .filter(|r| is_pod_consumer(r))
+        .map(|r| PodRef {
+            namespace: claim.namespace.to_string(),
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+            state: PodState::of(pods(&r.name).as_deref(), &r.uid),
+        })
+        .collect()
+}
+
+/// The pod that controls the claim, if a pod does, with its state.
+pub fn owner_pod(
+    claim: &ClaimFacts<'_>,
+    pods: &dyn Fn(&str) -> Option<Arc<PodView>>,
+) -> Option<PodRef> {
+    let (name, uid) = crate::naming::controlling_pod(claim.owners)?;
+    Some(PodRef {
+        namespace: claim.namespace.to_string(),
+        name: name.to_string(),
+        uid: uid.to_string(),
+        state: PodState::of(pods(name).as_deref(), uid),
+    })
+}
+
+/// The claim's problems. `pods` finds a pod by name in the claim's
+/// namespace; `None` means no such pod exists.
+pub fn problems(
+    claim: &ClaimFacts<'_>,
+    pods: &dyn Fn(&str) -> Option<Arc<PodView>>,
+    now: Timestamp,
+) -> Vec<Problem> {
+    let mut found = Vec::new();
+    for r in claim.reserved_for.iter().filter(|r| !is_pod_consumer(r)) {
+        found.push(Problem::UnverifiableConsumer {
+            api_group: r.api_group.clone().unwrap_or_default(),
+            resource: r.resource.clone(),
+            name: r.name.clone(),
+        });
+    }
+    for consumer in pod_consumers(claim, pods) {
+        if !consumer.state.is_active() {
+            found.push(Problem::StaleReservation { consumer });
+        }
+    }
+    if let Some(deleted_at) = claim.deleted_at {
+        // Being deleted: leaks and orphans resolve themselves once the
+        // finalizer goes, so only a finalizer that stays is a problem.
+        let deleted_for = now
+            .duration_since(deleted_at)
+            .try_into()
+            .unwrap_or_default();
+        if claim.delete_protected && deleted_for >= STUCK_DELETING_AFTER {
+            found.push(Problem::StuckDeleting { deleted_for });
+        }
+        return found;
+    }
+    let controlled_by_other_kind = claim
+        .owners
+        .iter()
+        .any(|o| o.controller == Some(true) && !(o.api_version == "v1" && o.kind == "Pod"));
+    let owner = owner_pod(claim, pods);
+    if let Some(owner) = &owner
+        && claim.generated
+        && !owner.state.is_active()
+    {
+        found.push(Problem::OrphanedGenerated {
+            owner: owner.clone(),
+        });
+    }
+    let owner_alive = owner.as_ref().is_some_and(|o| o.state.is_active());
+    if claim.allocated && claim.reserved_for.is_empty() && !owner_alive && !controlled_by_other_kind
+    {
+        found.push(Problem::LeakedAllocation { owner });
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+    use std::collections::HashMap;
+
+    const NOW: &str = "2026-11-23T12:00:00Z";
+
+    fn pod(name: &str, uid: &str, node: Option<&str>, phase: &str, deleting: bool) -> PodView {
+        let mut meta = json!({"name": name, "namespace": "ns", "uid": uid});
+        if deleting {
+            meta["deletionTimestamp"] = json!("2026-11-23T11:59:00Z");
+        }
+        serde_json::from_value(json!({
+            "metadata": meta,
+            "spec": {"nodeName": node},
+            "status": {"phase": phase},
+        }))
+        .unwrap()
+    }
+
+    fn claim(extra: Value) -> ResourceClaim {
+        let mut c = json!({"metadata": {"name": "c", "namespace": "ns", "uid": "cu"}, "spec": {}});
+        merge(&mut c, extra);
+        serde_json::from_value(c).unwrap()
+    }
+
+    fn merge(into: &mut Value, from: Value) {
+        match (into, from) {
+            (Value::Object(a), Value::Object(b)) => {
+                for (k, v) in b {
+                    merge(a.entry(k).or_insert(Value::Null), v);
+                }
+            }
+            (a, b) => *a = b,
+        }
+    }
+
+    fn kinds(claim: &ResourceClaim, pods: &[PodView]) -> Vec<ProblemKind> {
+        let by_name: HashMap<String, Arc<PodView>> = pods
+            .iter()
+            .map(|p| (p.name().to_string(), Arc::new(p.clone())))
+            .collect();
+        let lookup = |name: &str| by_name.get(name).cloned();
+        problems(&claim.into(), &lookup, NOW.parse().unwrap())
+            .iter()
+            .map(Problem::kind)
+            .collect()
+    }
+
+    fn reserved(name: &str, uid: &str) -> Value {
+        json!({"status": {"allocation": {}, "reservedFor": [{"resource": "pods", "name": name, "uid": uid}]}})
+    }
+
+    fn owned_by(name: &str, uid: &str) -> Value {
+        json!({"metadata": {
+            "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid, "controller": true}]}})
+    }
+
+    #[test]
+    fn pod_states() {
+        let running = pod("p", "u1", Some("n1"), "Running", false);
+        assert_eq!(
+            PodState::of(Some(&running), "u1"),
+            PodState::Active {
+                node: Some("n1".into()),
+                terminating: false
+            }
+        );
+        assert_eq!(PodState::of(Some(&running), "u2"), PodState::Replaced);
+        assert_eq!(PodState::of(None, "u1"), PodState::Gone);
+        let terminating = pod("p", "u1", Some("n1"), "Running", true);
+        assert_eq!(
+            PodState::of(Some(&terminating), "u1").describe(),
+            "Terminating"
+        );
+        let never_scheduled = pod("p", "u1", None, "Pending", true);
+        assert!(!PodState::of(Some(&never_scheduled), "u1").is_active());
+        let done = pod("p", "u1", Some("n1"), "Succeeded", false);
+        assert_eq!(PodState::of(Some(&done), "u1").describe(), "Succeeded");
+        let pending = pod("p", "u1", None, "Pending", false);
+        assert_eq!(PodState::of(Some(&pending), "u1").describe(), "Pending");
+    }
+
+    #[test]
+    fn reservations() {
+        use ProblemKind::*;
+        let c = claim(reserved("p", "u1"));
+        let rows: [(&str, Vec<PodView>, Vec<ProblemKind>); 6] = [
+            (
+                "running consumer",
+                vec![pod("p", "u1", Some("n"), "Running", false)],
+                vec![],
+            ),
+            (
+                "terminating consumer",
+                vec![pod("p", "u1", Some("n"), "Running", true)],
+                vec![],
+            ),
+            (
+                "pending consumer",
+                vec![pod("p", "u1", None, "Pending", false)],
+                vec![],
+            ),
+            ("consumer gone", vec![], vec![StaleReservation]),
+            (
+                "consumer replaced",
+                vec![pod("p", "u2", Some("n"), "Running", false)],
+                vec![StaleReservation],
+            ),
+            (
+                "consumer done",
+                vec![pod("p", "u1", Some("n"), "Failed", false)],
+                vec![StaleReservation],
+            ),
+        ];
+        for (case, pods, want) in rows {
+            assert_eq!(kinds(&c, &pods), want, "{case}");
+        }
+        let podgroup = claim(json!({"status": {"allocation": {}, "reservedFor": [
+            {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "g", "uid": "gu"}]}}));
+        assert_eq!(kinds(&podgroup, &[]), vec![UnverifiableConsumer]);
+    }
+
+    #[test]
+    fn leaks_and_orphans() {
+        use ProblemKind::*;
+        let allocated = json!({"status": {"allocation": {}}});
+        let mut generated_allocated = owned_by("p", "u1");
+        merge(&mut generated_allocated, allocated.clone());
+        let rows: [(&str, ResourceClaim, Vec<PodView>, Vec<ProblemKind>); 9] = [
+            ("unallocated user claim", claim(json!({})), vec![], vec![]),
+            (
+                "allocated user claim, no consumer",
+                claim(allocated.clone()),
+                vec![],
+                vec![LeakedAllocation],
+            ),
+            (
+                "generated, owner running, allocated ahead of reservation",
+                claim(generated_allocated.clone()),
+                vec![pod("p", "u1", Some("n"), "Running", false)],
+                vec![],
+            ),
+            (
+                "generated, owner gone, allocated",
+                claim(generated_allocated.clone()),
+                vec![],
+                vec![OrphanedGenerated, LeakedAllocation],
+            ),
+            (
+                "generated, owner done, not allocated",
+                claim(owned_by("p", "u1")),
+                vec![pod("p", "u1", Some("n"), "Succeeded", false)],
+                vec![OrphanedGenerated],
+            ),
+            (
+                "generated, owner replaced",
+                claim(owned_by("p", "u1")),
+                vec![pod("p", "u2", Some("n"), "Running", false)],
+                vec![OrphanedGenerated],
+            ),
+            (
+                "generated, owner running",
+                claim(owned_by("p", "u1")),
+                vec![pod("p", "u1", Some("n"), "Running", false)],
+                vec![],
+            ),
+            (
+                "owned by another kind: not ours to judge",
+                claim(json!({
+                "metadata": {"ownerReferences": [{"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
+                                                  "name": "g", "uid": "g1", "controller": true}]},
+                "status": {"allocation": {}}})),
+                vec![],
+                vec![],
+            ),
+            (
+                "done owner, still reserved",
+                claim({
+                    let mut v = owned_by("p", "u1");
+                    merge(&mut v, reserved("p", "u1"));
+                    v
+                }),
+                vec![pod("p", "u1", Some("n"), "Succeeded", false)],
+                vec![StaleReservation, OrphanedGenerated],
+            ),
+        ];
+        for (case, c, pods, want) in rows {
+            assert_eq!(kinds(&c, &pods), want, "{case}");
+        }
+    }
+
+    #[test]
+    fn deletions() {
+        use ProblemKind::*;
+        let deleting = |at: &str, finalizer: bool| {
+            let mut v =
+                json!({"metadata": {"deletionTimestamp": at}, "status": {"allocation": {}}});
+            if finalizer {
+                v["metadata"]["finalizers"] = json!(["resource.kubernetes.io/delete-protection"]);
+            }
+            claim(v)
+        };
+        assert_eq!(
+            kinds(&deleting("2026-11-23T11:50:00Z", true), &[]),
+            vec![StuckDeleting]
+        );
+        assert_eq!(
+            kinds(&deleting("2026-11-23T11:59:30Z", true), &[]),
+            vec![],
+            "within a minute"
+        );
+        assert_eq!(
+            kinds(&deleting("2026-11-23T11:50:00Z", false), &[]),
+            vec![],
+            "other finalizers are not ours"
+        );
+        let facts: ResourceClaim = deleting("2026-11-23T11:50:00Z", true);
+        let found = problems(&(&facts).into(), &|_| None, NOW.parse().unwrap());
+        assert_eq!(
+            found,
+            vec![Problem::StuckDeleting {
+                deleted_for: Duration::from_secs(600)
+            }]
+        );
+    }
+
+    #[test]
+    fn claim_views_give_the_same_facts() {
+        let full = claim({
+            let mut v = owned_by("p", "u1");
+            merge(&mut v, reserved("p", "u1"));
+            merge(
+                &mut v,
+                json!({"metadata": {"finalizers": ["resource.kubernetes.io/delete-protection"]}}),
+            );
+            v
+        });
+        let view: ClaimView = serde_json::from_value(serde_json::to_value(&full).unwrap()).unwrap();
+        let (a, b) = (ClaimFacts::from(&full), ClaimFacts::from(&view));
+        assert_eq!(
+            (
+                a.namespace,
+                a.name,
+                a.allocated,
+                a.reserved_for,
+                a.owners,
+                a.generated,
+                a.delete_protected
+            ),
+            (
+                b.namespace,
+                b.name,
+                b.allocated,
+                b.reserved_for,
+                b.owners,
+                b.generated,
+                b.delete_protected
+            )
+        );
+        assert!(a.generated && a.allocated && a.delete_protected);
+    }
+}

@@ -1,0 +1,20 @@
+//! Read-only answers for cluster admins: may a node's DRA driver go
+//! (`drain-check`), and where do claims leak (`audit`).
+//!
+//! - [`classify`]: what is wrong with one claim (shared with the
+//!   controller's `dra_claim_controller_claims` gauge);
+//! - [`placement`]: which node a claim's devices serve;
+//! - [`drain`] and [`audit`]: the two checks, pure, over a [`snapshot`];
+//! - [`read`]: the API reads; [`report`]: table, JSON and exit codes;
+//! - [`command`]: the subcommands of both binaries.
+
+pub mod audit;
+pub mod classify;
+pub mod command;
+pub mod drain;
+pub mod placement;
+pub mod read;
+pub mod report;
+pub mod snapshot;
+
+pub use command::{Tool, run};
