@@ -18,9 +18,12 @@
 #![allow(unreachable_pub)]
 
 use dra_e2e::{
-    cluster, ctx, fault_proxy, faults, invariants, k8s, procs, rawhttp, rbac, reference, replica,
+    cluster, ctx, fault_proxy, faults, helm, invariants, k8s, procs, prometheus, rawhttp, rbac,
+    reference, replica,
 };
 
+#[path = "e2e/drain_check.rs"]
+mod drain_check;
 #[path = "e2e/faults_api.rs"]
 mod faults_api;
 #[path = "e2e/faults_input.rs"]

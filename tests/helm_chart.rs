@@ -374,14 +374,17 @@ fn expected_cluster_rules() -> BTreeMap<(String, String), BTreeSet<String>> {
 #[test]
 fn cluster_role_is_exactly_least_privilege() {
     let docs = render_or_skip!(&[]);
-    let role = one_of_kind(&docs, "ClusterRole");
+    let binding = one_of_kind(&docs, "ClusterRoleBinding");
+    let role = all_of_kind(&docs, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == binding["roleRef"]["name"])
+        .expect("the bound ClusterRole is rendered");
     assert_eq!(rules_by_resource(role), expected_cluster_rules());
     for rule in role["rules"].as_sequence().unwrap() {
         assert!(rule["resourceNames"].is_null(), "{rule:?}");
     }
     assert!(role["aggregationRule"].is_null());
 
-    let binding = one_of_kind(&docs, "ClusterRoleBinding");
     assert_eq!(binding["roleRef"]["kind"], "ClusterRole");
     assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
     let sa = one_of_kind(&docs, "ServiceAccount");
@@ -390,6 +393,54 @@ fn cluster_role_is_exactly_least_privilege() {
     assert_eq!(subject["kind"], "ServiceAccount");
     assert_eq!(subject["name"], sa["metadata"]["name"]);
     assert_eq!(subject["namespace"], NAMESPACE);
+}
+
+/// The role for `drain-check` / `audit`: reads only what they read, writes
+/// nothing, bound to no one.
+#[test]
+fn inspector_role_is_read_only_and_unbound() {
+    let docs = render_or_skip!(&[]);
+    let name = format!("{RELEASE}-dra-claim-controller-inspector");
+    let roles = all_of_kind(&docs, "ClusterRole");
+    let inspector = roles
+        .iter()
+        .find(|r| str_of(&r["metadata"]["name"]) == name)
+        .unwrap_or_else(|| panic!("no ClusterRole {name} among {roles:?}"));
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    let expected: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::from([
+        (("".into(), "pods".into()), set(&["get", "list"])),
+        (("".into(), "nodes".into()), set(&["get"])),
+        (
+            ("resource.k8s.io".into(), "resourceclaims".into()),
+            set(&["get", "list"]),
+        ),
+        (
+            ("resource.k8s.io".into(), "resourceslices".into()),
+            set(&["get", "list"]),
+        ),
+    ]);
+    assert_eq!(rules_by_resource(inspector), expected);
+    assert!(
+        inspector["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"].is_null()
+    );
+    for binding in all_of_kind(&docs, "ClusterRoleBinding") {
+        assert_ne!(
+            str_of(&binding["roleRef"]["name"]),
+            name,
+            "the inspector role is bound by the admin"
+        );
+    }
+    let docs = render_or_skip!(&[("inspectorRole.aggregateToView", "true")]);
+    let aggregated = all_of_kind(&docs, "ClusterRole")
+        .into_iter()
+        .find(|r| str_of(&r["metadata"]["name"]) == name)
+        .unwrap();
+    assert_eq!(
+        aggregated["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"],
+        "true"
+    );
+    let docs = render_or_skip!(&[("inspectorRole.create", "false")]);
+    assert_eq!(all_of_kind(&docs, "ClusterRole").len(), 1);
 }
 
 #[test]
@@ -900,7 +951,7 @@ fn pod_disruption_budget() {
 // ---------------------------------------------------------------------------
 
 #[test]
-fn prometheus_rule_has_the_five_alerts() {
+fn prometheus_rule_has_the_seven_alerts() {
     let docs = render_or_skip!(&[("prometheusRule.enabled", "true")]);
     let rule = one_of_kind(&docs, "PrometheusRule");
     assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
@@ -955,6 +1006,20 @@ fn prometheus_rule_has_the_five_alerts() {
                 "5m",
             ),
         ),
+        (
+            "DRAClaimLeakedAllocations",
+            (
+                &[r#"max(dra_claim_controller_claims{state="leaked_allocation"}) > 0"#][..],
+                "30m",
+            ),
+        ),
+        (
+            "DRAClaimStuckDeleting",
+            (
+                &[r#"max(dra_claim_controller_claims{state="stuck_deleting"}) > 0"#][..],
+                "30m",
+            ),
+        ),
     ]);
     assert_eq!(
         alerts.keys().map(String::as_str).collect::<Vec<_>>(),
@@ -987,6 +1052,10 @@ prometheusRule:
       for: 5m
     claimCreationFailures:
       enabled: false
+    leakedAllocations:
+      for: 2h
+    stuckDeletions:
+      enabled: false
 "#;
     let docs = match helm::render_chart_with_values(RELEASE, NAMESPACE, values, &[]) {
         Ok(Some(yaml)) => docs(&yaml),
@@ -1001,7 +1070,7 @@ prometheusRule:
             .find(|r| r["alert"] == name)
             .map(|r| (str_of(&r["expr"]), str_of(&r["for"])))
     };
-    assert_eq!(rules.len(), 4);
+    assert_eq!(rules.len(), 5);
     let (e, _) = expr("DRAClaimControllerWorkQueueDepthHigh").unwrap();
     assert_eq!(
         e,
@@ -1021,6 +1090,15 @@ prometheusRule:
     );
     assert_eq!(expr("DRAClaimControllerNoLeader").unwrap().1, "5m");
     assert!(expr("DRAClaimControllerClaimCreationFailures").is_none());
+    assert_eq!(
+        expr("DRAClaimLeakedAllocations").unwrap(),
+        (
+            r#"max(dra_claim_controller_claims{state="leaked_allocation",job="dra-metrics"}) > 0"#
+                .to_string(),
+            "2h".to_string()
+        )
+    );
+    assert!(expr("DRAClaimStuckDeleting").is_none());
 }
 
 fn dashboard_exprs(dash: &serde_json::Value) -> Vec<String> {
@@ -1058,6 +1136,7 @@ fn grafana_dashboard_configmap() {
         r#"leader_election_master_status{name="dra-claim-controller"}"#,
         r#"rate(workqueue_retries_total{name="resource_claim"}[5m])"#,
         r#"workqueue_unfinished_work_seconds{name="resource_claim"}"#,
+        "max by (state) (dra_claim_controller_claims)",
     ] {
         assert!(
             exprs.iter().any(|e| e == expected),

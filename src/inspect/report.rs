@@ -153,11 +153,11 @@ impl Finding {
             Problem::StaleReservation { consumer } => (
                 Some(Subject::pod(consumer, "consumer")),
                 format!(
-                    "pod {} is {} but still holds the reservation: the claim controller removes it within seconds \
+                    "pod {} ({}) still holds the reservation: the claim controller removes it within seconds \
                      when it runs (check that dra-claim-controller has a leader and its workqueue is not backed up); \
                      if the pod was force-deleted, its devices may still be prepared on the node",
                     consumer.name,
-                    consumer.state.describe().to_lowercase()
+                    consumer.state.describe()
                 ),
             ),
             Problem::LeakedAllocation { owner } => (
@@ -170,10 +170,10 @@ impl Finding {
             Problem::OrphanedGenerated { owner } => (
                 Some(Subject::pod(owner, "owner")),
                 format!(
-                    "generated for pod {} which is {}: the claim controller (done pods) or the garbage collector \
+                    "generated for pod {} ({}): the claim controller (done pods) or the garbage collector \
                      (deleted pods) should delete it; check both are running",
                     owner.name,
-                    owner.state.describe().to_lowercase()
+                    owner.state.describe()
                 ),
             ),
             Problem::StuckDeleting { deleted_for } => {

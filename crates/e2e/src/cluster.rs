@@ -83,7 +83,8 @@ pub async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
     Ok(kube::Client::try_from(config)?)
 }
 
-fn write_kubeconfig(
+/// Writes a kubeconfig that reaches `url` with a bearer token.
+pub fn write_kubeconfig(
     path: &Path,
     url: &str,
     ca: &Path,

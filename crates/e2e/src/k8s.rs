@@ -534,6 +534,29 @@ impl TestCtx {
         claim: &str,
         reserved_for: Value,
     ) -> anyhow::Result<ResourceClaim> {
+        self.try_allocate_devices(claim, allocation(), reserved_for)
+            .await
+    }
+
+    /// [`TestCtx::allocate`] with an allocation of the test's choosing
+    /// (devices of real slices, a node selector).
+    pub async fn allocate_devices(
+        &self,
+        claim: &str,
+        allocation: Value,
+        reserved_for: Value,
+    ) -> ResourceClaim {
+        self.try_allocate_devices(claim, allocation, reserved_for)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    async fn try_allocate_devices(
+        &self,
+        claim: &str,
+        allocation: Value,
+        reserved_for: Value,
+    ) -> anyhow::Result<ResourceClaim> {
         self.claims()
             .patch(
                 claim,
@@ -547,7 +570,7 @@ impl TestCtx {
                 claim,
                 &PatchParams::default(),
                 &Patch::Merge(
-                    json!({"status": {"allocation": allocation(), "reservedFor": reserved_for}}),
+                    json!({"status": {"allocation": allocation, "reservedFor": reserved_for}}),
                 ),
             )
             .await

@@ -9,6 +9,7 @@
 //! - [`k8s`]: the objects and API calls scenarios use;
 //! - [`fault_proxy`], [`faults`], [`invariants`]: faults and the checks that
 //!   nothing was lost or doubled;
+//! - [`prometheus`]: a real Prometheus for the metrics and the chart's alerts;
 //! - [`reference`]: kube-controller-manager as the reference, for the
 //!   differential mode and the benchmark.
 //!
@@ -23,6 +24,7 @@ pub mod invariants;
 pub mod k8s;
 pub mod pki;
 pub mod procs;
+pub mod prometheus;
 pub mod rawhttp;
 pub mod rbac;
 pub mod reference;

@@ -117,6 +117,12 @@ fn builtin() -> Rbac {
                "metadata": {"name": sa, "namespace": SYSTEM_NAMESPACE}}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
                "metadata": {"name": sa}, "rules": cluster_rules}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": INSPECTOR_ROLE}, "rules": [
+            rule("", &["pods"], &["get", "list"]),
+            rule("", &["nodes"], &["get"]),
+            rule("resource.k8s.io", &["resourceclaims", "resourceslices"], &["get", "list"]),
+        ]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                "metadata": {"name": sa},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": sa},
@@ -179,6 +185,50 @@ pub async fn apply(client: &kube::Client, rbac: &Rbac) -> anyhow::Result<()> {
             })?;
     }
     Ok(())
+}
+
+/// The chart's read-only ClusterRole for `drain-check` and `audit`.
+pub const INSPECTOR_ROLE: &str = "dra-claim-controller-inspector";
+
+/// A kubeconfig for a new ServiceAccount `name` in [`SYSTEM_NAMESPACE`],
+/// bound to `cluster_role` when given (none: a user without rights). For
+/// testing what the chart's roles allow, as someone other than admin.
+pub async fn service_account_kubeconfig(
+    cluster: &crate::cluster::Cluster,
+    name: &str,
+    cluster_role: Option<&str>,
+) -> anyhow::Result<std::path::PathBuf> {
+    let admin = cluster.admin_client().await?;
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    sas.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": name}}))?,
+    )
+    .await
+    .with_context(|| format!("create ServiceAccount {name}"))?;
+    if let Some(role) = cluster_role {
+        let binding = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": format!("{name}-{role}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": SYSTEM_NAMESPACE}],
+        });
+        let (ar, _) = api_resource(&binding)?;
+        Api::<DynamicObject>::all_with(admin.clone(), &ar)
+            .create(&PostParams::default(), &serde_json::from_value(binding)?)
+            .await
+            .with_context(|| format!("bind {name} to ClusterRole {role}"))?;
+    }
+    let token = service_account_token(&admin, name).await?;
+    let path = cluster.dir.join(format!("{name}.kubeconfig"));
+    crate::cluster::write_kubeconfig(
+        &path,
+        &cluster.url()?,
+        &cluster.ca_file(),
+        &format!("system:serviceaccount:{SYSTEM_NAMESPACE}:{name}"),
+        &token,
+    )?;
+    Ok(path)
 }
 
 /// A token for the controller's ServiceAccount, minted through the
