@@ -18,8 +18,8 @@
 #![allow(unreachable_pub)]
 
 use dra_e2e::{
-    cluster, ctx, fault_proxy, faults, helm, invariants, k8s, procs, prometheus, rawhttp, rbac,
-    reference, replica,
+    admission, cluster, ctx, fault_proxy, faults, helm, invariants, k8s, procs, prometheus,
+    rawhttp, rbac, reference, replica, scheduler,
 };
 
 #[path = "e2e/drain_check.rs"]
@@ -32,6 +32,8 @@ mod faults_input;
 mod faults_races;
 #[path = "e2e/faults_restarts.rs"]
 mod faults_restarts;
+#[path = "e2e/prescheduled_policy.rs"]
+mod prescheduled_policy;
 
 #[path = "e2e/scenarios_claims.rs"]
 mod scenarios_claims;

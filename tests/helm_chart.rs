@@ -298,6 +298,8 @@ fn schema_rejects_bad_flag_values() {
         ("serviceMonitor.enabled", "yes"),
         ("grafanaDashboard.sidecarLabel", "bad label"),
         ("prometheusRule.alerts.noLeader.for", "two minutes"),
+        ("prescheduledPods.policy.failurePolicy", "Maybe"),
+        ("prometheusRule.alerts.leakedAllocations.for", "a while"),
     ] {
         let err = render_err_or_skip!(&[(key, value)]);
         let leaf = key.rsplit('.').next().unwrap();
@@ -1217,4 +1219,158 @@ fn notes_explain_turning_off_the_in_tree_controller() {
             "NOTES.txt lacks {needle:?}:\n{notes}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// Pre-scheduled pods policy
+// ---------------------------------------------------------------------------
+
+fn render_for(
+    set: &[(&str, &str)],
+    kube_version: Option<&str>,
+    api_versions: &[&str],
+) -> Option<Result<Vec<Value>, String>> {
+    match helm::render_chart_for_cluster(RELEASE, NAMESPACE, set, kube_version, api_versions) {
+        Ok(Some(yaml)) => Some(Ok(docs(&yaml))),
+        Ok(None) => None,
+        Err(e) => Some(Err(e)),
+    }
+}
+
+#[test]
+fn prescheduled_policy_is_off_by_default() {
+    let docs = render_or_skip!(&[]);
+    assert!(all_of_kind(&docs, "MutatingAdmissionPolicy").is_empty());
+    assert!(all_of_kind(&docs, "MutatingAdmissionPolicyBinding").is_empty());
+}
+
+#[test]
+fn prescheduled_policy_shape() {
+    let docs = render_or_skip!(&[
+        ("prescheduledPods.policy.enabled", "true"),
+        (
+            "prescheduledPods.policy.namespaceSelector.matchLabels.team",
+            "ml"
+        ),
+    ]);
+    let policy = one_of_kind(&docs, "MutatingAdmissionPolicy");
+    let binding = one_of_kind(&docs, "MutatingAdmissionPolicyBinding");
+    assert_eq!(policy["apiVersion"], "admissionregistration.k8s.io/v1");
+    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+    assert_eq!(
+        binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"]["team"],
+        "ml"
+    );
+    assert!(binding["spec"]["matchResources"]["objectSelector"].is_null());
+    let spec = &policy["spec"];
+    assert_eq!(spec["failurePolicy"], "Fail");
+    assert_eq!(spec["reinvocationPolicy"], "Never");
+    let rule = &spec["matchConstraints"]["resourceRules"][0];
+    assert_eq!(strings(&rule["operations"]), vec!["CREATE"]);
+    assert_eq!(strings(&rule["resources"]), vec!["pods"]);
+    let conditions: Vec<String> = spec["matchConditions"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|c| str_of(&c["expression"]))
+        .collect();
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.contains("object.spec.nodeName"))
+    );
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.contains("object.spec.resourceClaims"))
+    );
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.contains("kubernetes.io/config.mirror"))
+    );
+    let patch = str_of(&spec["mutations"][0]["jsonPatch"]["expression"]);
+    assert!(
+        patch.contains(r#"op: "remove", path: "/spec/nodeName""#),
+        "{patch}"
+    );
+    assert!(patch.contains("dra-claim-controller.io/requested-node-name"));
+    assert!(
+        !patch.contains("/spec/tolerations"),
+        "no toleration unless asked"
+    );
+    let docs = render_or_skip!(&[
+        ("prescheduledPods.policy.enabled", "true"),
+        ("prescheduledPods.policy.tolerateAllTaints", "true"),
+        ("prescheduledPods.policy.failurePolicy", "Ignore"),
+    ]);
+    let policy = one_of_kind(&docs, "MutatingAdmissionPolicy");
+    assert_eq!(policy["spec"]["failurePolicy"], "Ignore");
+    let patch = str_of(&policy["spec"]["mutations"][0]["jsonPatch"]["expression"]);
+    assert!(patch.contains(r#"{"operator": "Exists"}"#), "{patch}");
+    assert!(
+        one_of_kind(&docs, "MutatingAdmissionPolicyBinding")["spec"]["matchResources"].is_null()
+    );
+}
+
+/// Clusters without MutatingAdmissionPolicy (1.34/1.35 defaults) fail the
+/// install with a clear message, only when the policy is enabled; where
+/// only v1beta1 is served, v1beta1 objects are rendered.
+#[test]
+fn prescheduled_policy_follows_the_cluster() {
+    let enabled = [("prescheduledPods.policy.enabled", "true")];
+    let Some(without) = render_for(&enabled, Some("v1.35.0"), &[]) else {
+        return;
+    };
+    let err = without.expect_err("1.35 without the API must fail");
+    assert!(
+        err.contains("prescheduledPods.policy.enabled=true needs MutatingAdmissionPolicy")
+            && err.contains("v1.35.0")
+            && err.contains("MutatingAdmissionPolicy=true"),
+        "{err}"
+    );
+    let off = render_for(&[], Some("v1.35.0"), &[]).unwrap();
+    assert!(off.is_ok(), "policy off installs anywhere: {off:?}");
+    let beta = render_for(
+        &enabled,
+        Some("v1.35.0"),
+        &["admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy"],
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        one_of_kind(&beta, "MutatingAdmissionPolicy")["apiVersion"],
+        "admissionregistration.k8s.io/v1beta1"
+    );
+    let served = render_for(
+        &enabled,
+        Some("v1.36.1"),
+        &["admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"],
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        one_of_kind(&served, "MutatingAdmissionPolicyBinding")["apiVersion"],
+        "admissionregistration.k8s.io/v1"
+    );
+}
+
+#[test]
+fn notes_explain_the_prescheduled_policy_when_on() {
+    let notes = match helm::render_notes(
+        RELEASE,
+        NAMESPACE,
+        &[("prescheduledPods.policy.enabled", "true")],
+    ) {
+        Ok(Some(n)) => n,
+        Ok(None) => return,
+        Err(e) => panic!("{e}"),
+    };
+    assert!(notes.contains("Pre-scheduled pods policy is ON"), "{notes}");
+    assert!(notes.contains("tolerateAllTaints=true"), "{notes}");
+    assert!(notes.contains("requested-node-name"), "{notes}");
+    let off = helm::render_notes(RELEASE, NAMESPACE, &[])
+        .unwrap()
+        .unwrap();
+    assert!(!off.contains("Pre-scheduled pods policy"), "{off}");
 }

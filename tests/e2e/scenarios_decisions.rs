@@ -123,7 +123,9 @@ async fn prescheduled_pod_is_warned_after_grace_period() {
     );
     let message = warning.message.unwrap_or_default();
     assert!(
-        message.contains(&claim) && message.contains("kubernetes.io/hostname"),
+        message.contains(&claim)
+            && message.contains("kubernetes.io/hostname")
+            && message.contains("prescheduledPods.policy.enabled=true"),
         "the warning names the claim and the fix: {message}"
     );
     t.finish();

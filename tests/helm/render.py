@@ -47,6 +47,16 @@ def main() -> int:
     parser.add_argument(
         "--values", "-f", action="append", default=[], metavar="FILE", help="values YAML file"
     )
+    parser.add_argument(
+        "--kube-version", default=None, help="Kubernetes version the chart sees (helm --kube-version)"
+    )
+    parser.add_argument(
+        "--api-versions",
+        action="append",
+        default=[],
+        metavar="G/V[/KIND]",
+        help="API versions the chart sees besides Helm's defaults (helm --api-versions)",
+    )
     parser.add_argument("--no-lint", action="store_true", help="render only")
     parser.add_argument(
         "--notes", action="store_true", help="print the rendered NOTES.txt instead of manifests"
@@ -73,7 +83,13 @@ def main() -> int:
         return 2
 
     if not args.no_lint:
-        report = helm.lint(args.chart, values, strict=True, namespace=args.namespace)
+        report = helm.lint(
+            args.chart,
+            values,
+            strict=True,
+            namespace=args.namespace,
+            kube_version=args.kube_version,
+        )
         for msg in report.get("messages", []):
             severity = SEVERITY.get(msg.get("severity", 0), "UNKNOWN")
             print(f"[{severity}] {msg.get('path')}: {msg.get('error')}", file=sys.stderr)
@@ -85,10 +101,28 @@ def main() -> int:
 
     try:
         with helm.Chart.load(args.chart) as chart:
-            # render() validates the values against values.schema.json.
-            manifests = chart.render(
-                values, name=args.name, namespace=args.namespace, is_install=True
-            )
+            if args.kube_version or args.api_versions:
+                # Chart.render() has no capability options; the native call
+                # behind it takes helm template's (validating values as well).
+                import json
+
+                from helm_python import _native
+
+                opts = {"name": args.name, "namespace": args.namespace, "is_install": True}
+                if args.kube_version:
+                    opts["kube_version"] = args.kube_version
+                if args.api_versions:
+                    opts["api_versions"] = args.api_versions
+                manifests = json.loads(
+                    _native.call_string(
+                        "helm_render", chart._raw(), json.dumps(values), json.dumps(opts)
+                    )
+                )
+            else:
+                # render() validates the values against values.schema.json.
+                manifests = chart.render(
+                    values, name=args.name, namespace=args.namespace, is_install=True
+                )
     except helm.HelmError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1

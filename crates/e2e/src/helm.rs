@@ -278,6 +278,26 @@ pub fn render_chart_with_values(
     run_render(release, namespace, extra_set, &["--values", path.as_str()])
 }
 
+/// Like [`render_chart`], for a cluster of Kubernetes `kube_version`
+/// (e.g. `v1.35.0`) that serves `api_versions` (`group/version/Kind`)
+/// besides Helm's defaults: what `helm install` learns from discovery.
+pub fn render_chart_for_cluster(
+    release: &str,
+    namespace: &str,
+    extra_set: &[(&str, &str)],
+    kube_version: Option<&str>,
+    api_versions: &[&str],
+) -> Result<Option<String>, String> {
+    let mut args: Vec<&str> = Vec::new();
+    if let Some(v) = kube_version {
+        args.extend(["--kube-version", v]);
+    }
+    for v in api_versions {
+        args.extend(["--api-versions", v]);
+    }
+    run_render(release, namespace, extra_set, &args)
+}
+
 /// Like [`render_chart`], but returns the rendered NOTES.txt.
 pub fn render_notes(
     release: &str,

@@ -9,12 +9,15 @@
 //! - [`k8s`]: the objects and API calls scenarios use;
 //! - [`fault_proxy`], [`faults`], [`invariants`]: faults and the checks that
 //!   nothing was lost or doubled;
+//! - [`admission`]: the chart's MutatingAdmissionPolicy on a test server;
+//!   [`scheduler`]: a real kube-scheduler;
 //! - [`prometheus`]: a real Prometheus for the metrics and the chart's alerts;
 //! - [`reference`]: kube-controller-manager as the reference, for the
 //!   differential mode and the benchmark.
 //!
 //! Without the binaries, tests print one `SKIP:` line and pass.
 
+pub mod admission;
 pub mod cluster;
 pub mod ctx;
 pub mod fault_proxy;
@@ -29,3 +32,4 @@ pub mod rawhttp;
 pub mod rbac;
 pub mod reference;
 pub mod replica;
+pub mod scheduler;

@@ -96,7 +96,9 @@ fn flags(cluster: &Cluster, port: u16) -> Vec<String> {
     flags
 }
 
-async fn wait_healthy(proc: &Proc, port: u16) -> anyhow::Result<()> {
+/// Waits until a Kubernetes component's secure port answers `/healthz`
+/// with `ok` (self-signed certificate, health paths open).
+pub async fn wait_healthy(proc: &Proc, port: u16) -> anyhow::Result<()> {
     let mut config = kube::Config::new(format!("https://127.0.0.1:{port}").parse()?);
     // The secure port serves a self-signed certificate.
     config.accept_invalid_certs = true;
@@ -104,10 +106,7 @@ async fn wait_healthy(proc: &Proc, port: u16) -> anyhow::Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         if let Some(status) = proc.exited() {
-            bail!(
-                "kube-controller-manager exited ({status}):\n{}",
-                proc.log_tail(30)
-            );
+            bail!("{} exited ({status}):\n{}", proc.name, proc.log_tail(30));
         }
         let req = http::Request::get("/healthz").body(Vec::new())?;
         if client
@@ -119,7 +118,8 @@ async fn wait_healthy(proc: &Proc, port: u16) -> anyhow::Result<()> {
         }
         if Instant::now() > deadline {
             bail!(
-                "kube-controller-manager /healthz not ok after {READY_TIMEOUT:?}:\n{}",
+                "{} /healthz not ok after {READY_TIMEOUT:?}:\n{}",
+                proc.name,
                 proc.log_tail(30)
             );
         }

@@ -439,7 +439,9 @@ pub fn not_allocated_message(claim_name: &str, node: &str) -> String {
         "ResourceClaim {claim_name} is not allocated, and nothing will allocate it: the pod was \
          created with spec.nodeName={node}, which bypasses kube-scheduler, and only the scheduler \
          allocates claims. Re-create the pod without spec.nodeName and pin it with a node \
-         selector instead (kubernetes.io/hostname: {node}), or allocate the claim yourself"
+         selector instead (kubernetes.io/hostname: {node}); to have such pods rewritten that way \
+         automatically, install the dra-claim-controller chart with \
+         prescheduledPods.policy.enabled=true"
     )
 }
 

@@ -1,0 +1,58 @@
+//! A real kube-scheduler against a test API server, for the tests where
+//! placement and allocation must be the scheduler's own (pre-scheduled pods
+//! rewritten by the chart's policy, the allocator's differential). Found
+//! beside `kube-apiserver`; where it is absent, those tests skip.
+
+use std::path::{Path, PathBuf};
+
+use crate::cluster::{Binaries, Cluster, free_port};
+use crate::procs::Proc;
+use crate::reference::wait_healthy;
+
+pub const SKIP_REASON: &str = "no kube-scheduler beside kube-apiserver (set KUBEBUILDER_ASSETS)";
+
+/// `kube-scheduler` in the directory of `kube-apiserver`, if executable.
+pub fn binary(bins: &Binaries) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = bins.apiserver.with_file_name("kube-scheduler");
+    path.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .then_some(path)
+}
+
+/// A running kube-scheduler (admin credentials, no leader election).
+#[derive(Debug)]
+pub struct Scheduler {
+    pub proc: Proc,
+    pub port: u16,
+}
+
+impl Scheduler {
+    pub async fn start(binary: &Path, cluster: &Cluster) -> anyhow::Result<Self> {
+        let mut last_err = anyhow::anyhow!("kube-scheduler never started");
+        for attempt in 0..3 {
+            let port = free_port();
+            let args = vec![
+                format!("--kubeconfig={}", cluster.admin_kubeconfig.display()),
+                "--leader-elect=false".into(),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={port}"),
+                format!(
+                    "--cert-dir={}",
+                    cluster.dir.join("scheduler-certs").display()
+                ),
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics".into(),
+                "--authentication-skip-lookup".into(),
+                "--v=3".into(),
+            ];
+            let log = cluster.dir.join(format!("kube-scheduler-{attempt}.log"));
+            let proc = Proc::spawn("kube-scheduler", binary, &args, &log)?;
+            match wait_healthy(&proc, port).await {
+                Ok(()) => return Ok(Self { proc, port }),
+                Err(e) if proc.exited().is_some() => last_err = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err)
+    }
+}
