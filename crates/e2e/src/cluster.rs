@@ -53,6 +53,13 @@ pub fn binaries() -> Option<Binaries> {
     (is_executable(&bins.etcd) && is_executable(&bins.apiserver)).then_some(bins)
 }
 
+/// Another Kubernetes binary (kube-controller-manager, kube-scheduler) in
+/// the directory of `kube-apiserver`, built from the same tree, if there.
+pub fn beside_apiserver(bins: &Binaries, name: &str) -> Option<PathBuf> {
+    let path = bins.apiserver.with_file_name(name);
+    is_executable(&path).then_some(path)
+}
+
 fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     path.metadata()

@@ -19,11 +19,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// `kube-controller-manager` in the directory of `kube-apiserver`, if it is
 /// there and executable.
 pub fn binary(bins: &Binaries) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = bins.apiserver.with_file_name("kube-controller-manager");
-    path.metadata()
-        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .then_some(path)
+    crate::cluster::beside_apiserver(bins, "kube-controller-manager")
 }
 
 /// A running kube-controller-manager.

@@ -13,11 +13,7 @@ pub const SKIP_REASON: &str = "no kube-scheduler beside kube-apiserver (set KUBE
 
 /// `kube-scheduler` in the directory of `kube-apiserver`, if executable.
 pub fn binary(bins: &Binaries) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = bins.apiserver.with_file_name("kube-scheduler");
-    path.metadata()
-        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .then_some(path)
+    crate::cluster::beside_apiserver(bins, "kube-scheduler")
 }
 
 /// A running kube-scheduler (admin credentials, no leader election).
