@@ -19,7 +19,7 @@ fn in_scope(claim: &ResourceClaim, snapshot: &Snapshot, scope: &AuditScope) -> b
     let Some(node) = scope.node.as_deref() else {
         return true;
     };
-    matters_to_node(claim, snapshot, DrainScope { node, driver: None })
+    matters_to_node(claim, snapshot, DrainScope::new(node, None))
         || named_pods(claim).iter().any(|(ns, name)| {
             snapshot
                 .pod(ns, name)

@@ -9,9 +9,9 @@ use clap::{Args as ClapArgs, Subcommand, ValueEnum};
 use k8s_openapi::jiff::Timestamp;
 
 use super::audit::audit;
-use super::drain::{DrainScope, check};
+use super::drain::{DEFAULT_FINISHED_GRACE, DrainScope, check, unknown_target};
 use super::read::{ReadError, Reader};
-use super::report::{AuditScope, exit};
+use super::report::{AuditScope, DrainCheckReport, Finding, exit};
 use crate::cli::FlagDuration;
 use crate::client::{ClientOptions, DEFAULT_BURST, DEFAULT_QPS, build_client};
 
@@ -59,15 +59,18 @@ pub struct DrainCheckArgs {
     /// Only claims with devices of this driver (e.g. gpu.example.com).
     #[arg(long)]
     pub driver: Option<String>,
-    /// Re-check until the node is clean or this long has passed (e.g. 10m); the exit code is the last check's.
+    /// Re-check until the node is clean (without --strict: until nothing blocks and the warnings have not changed for 30s) or this long has passed (e.g. 10m); the exit code is the last check's.
     #[arg(long)]
     pub wait: Option<FlagDuration>,
-    /// Pause between checks with --wait.
+    /// Pause between checks with --wait (at least 1s).
     #[arg(long, default_value = "5s")]
     pub interval: FlagDuration,
-    /// Treat warnings as blocking (exit 1 instead of 2).
+    /// Treat warnings as blocking (exit 1 instead of 2); with --wait, wait for them to clear too.
     #[arg(long)]
     pub strict: bool,
+    /// A pod on the node whose containers finished less than this ago still blocks: the kubelet unprepares devices while cleaning the pod up.
+    #[arg(long, default_value_t = FlagDuration(DEFAULT_FINISHED_GRACE))]
+    pub finished_grace: FlagDuration,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
     #[command(flatten)]
@@ -125,45 +128,106 @@ fn incomplete(err: &ReadError) -> u8 {
     exit::INCOMPLETE
 }
 
+/// With `--wait` and without `--strict`, warnings that stay the same this
+/// long are taken as final: stale entries the controller would fix change
+/// within seconds; a leaked allocation or a pod-group consumer never does.
+const WARNINGS_SETTLE: Duration = Duration::from_secs(30);
+
+/// What identifies a set of warnings (type, namespace, claim), to tell
+/// whether they changed.
+type WarningKeys = Vec<(String, String, String)>;
+
+fn warning_keys(warnings: &[Finding]) -> WarningKeys {
+    let mut keys: Vec<_> = warnings
+        .iter()
+        .map(|w| {
+            (
+                w.kind.clone(),
+                w.claim.namespace.clone(),
+                w.claim.name.clone(),
+            )
+        })
+        .collect();
+    keys.sort();
+    keys
+}
+
+fn print_report(report: &DrainCheckReport, output: Output) {
+    match output {
+        Output::Table => print!("{}", report.table()),
+        Output::Json => print_json(report),
+    }
+}
+
 async fn drain_check(args: DrainCheckArgs) -> u8 {
+    let node = args.node.as_str();
+    let driver = args.driver.as_deref();
+    let incomplete = |error: String| {
+        eprintln!("error: the check could not be completed: {error}");
+        if args.output == Output::Json {
+            print_json(&DrainCheckReport::incomplete(
+                node,
+                driver,
+                Timestamp::now().to_string(),
+                error,
+            ));
+        }
+        exit::INCOMPLETE
+    };
     let reader = match reader(&args.connection).await {
         Ok(r) => r,
         Err(code) => return code,
     };
     let scope = DrainScope {
-        node: &args.node,
-        driver: args.driver.as_deref(),
+        finished_grace: args.finished_grace.0,
+        ..DrainScope::new(node, driver)
     };
+    let interval = args.interval.0.max(Duration::from_secs(1));
     let deadline = args.wait.map(|w| Instant::now() + w.0);
+    // Warnings seen with nothing blocking, and since when unchanged.
+    let mut settled: Option<(WarningKeys, Instant)> = None;
     loop {
         let out_of_time = deadline.is_none_or(|d| Instant::now() >= d);
-        match reader.for_node(scope).await {
+        let now = Timestamp::now();
+        match reader.for_node(scope, now).await {
             Ok(snapshot) => {
-                let report = check(&snapshot, scope, Timestamp::now());
+                if let Some(unknown) = unknown_target(&snapshot, scope) {
+                    return incomplete(unknown);
+                }
+                let report = check(&snapshot, scope, now);
                 let code = report.verdict.exit_code(args.strict);
-                if code == exit::CLEAN || out_of_time {
-                    match args.output {
-                        Output::Table => print!("{}", report.table()),
-                        Output::Json => print_json(&report),
+                let warnings_final = !args.strict && report.blocking.is_empty() && {
+                    let keys = warning_keys(&report.warnings);
+                    match &settled {
+                        Some((seen, since)) if *seen == keys => since.elapsed() >= WARNINGS_SETTLE,
+                        _ => {
+                            settled = Some((keys, Instant::now()));
+                            false
+                        }
                     }
+                };
+                if !report.blocking.is_empty() {
+                    settled = None;
+                }
+                if code == exit::CLEAN || out_of_time || warnings_final {
+                    print_report(&report, args.output);
                     return code;
                 }
                 eprintln!(
-                    "waiting for node {}: {} blocking, {} warning(s)",
-                    args.node,
+                    "waiting for node {node}: {} blocking, {} warning(s)",
                     report.blocking.len(),
                     report.warnings.len()
                 );
             }
             Err(e) if e.is_transient() && !out_of_time => {
-                eprintln!("waiting for node {}: {e}", args.node);
+                eprintln!("waiting for node {node}: {e}");
             }
-            Err(e) => return incomplete(&e),
+            Err(e) => return incomplete(e.to_string()),
         }
         let pause = deadline
             .map(|d| d.saturating_duration_since(Instant::now()))
             .unwrap_or(Duration::ZERO)
-            .min(args.interval.0);
+            .min(interval);
         tokio::time::sleep(pause).await;
     }
 }

@@ -6,22 +6,154 @@
 //! allocated devices that serve the node, or reserved for a pod bound to it.
 //! It blocks while one of those consumers still exists with the reserved
 //! UID and is not done.
+//!
+//! The node's own pods are also checked from their side: a pod bound to
+//! the node that may run blocks on every allocated claim it names, reserved
+//! for it or not (a claim reserved for a pod group, a reservation written
+//! after the claims were read); and a pod whose containers finished only
+//! moments ago blocks too, because the kubelet unprepares devices after
+//! the pod finishes, when the claim controller may already have released
+//! the claim.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::jiff::Timestamp;
 
-use super::classify::{ClaimFacts, PodState, pod_consumers, problems};
+use super::classify::{ClaimFacts, PodRef, PodState, pod_consumers, problems};
 use super::placement::allocation_serves;
-use super::report::{DrainCheckReport, Finding};
+use super::report::{ClaimRef, DrainCheckReport, Finding};
 use super::snapshot::{Snapshot, claim_ref, devices, named_pods};
+use crate::controllers::resourceclaim::views::PodView;
+
+/// How long after its containers finished a pod still counts as holding
+/// its devices: the kubelet unprepares them during the pod's cleanup.
+pub const DEFAULT_FINISHED_GRACE: Duration = Duration::from_secs(30);
 
 /// The node (and optionally the driver) being drained.
 #[derive(Debug, Clone, Copy)]
 pub struct DrainScope<'a> {
     pub node: &'a str,
     pub driver: Option<&'a str>,
+    /// See [`DEFAULT_FINISHED_GRACE`].
+    pub finished_grace: Duration,
+}
+
+impl<'a> DrainScope<'a> {
+    pub fn new(node: &'a str, driver: Option<&'a str>) -> Self {
+        DrainScope {
+            node,
+            driver,
+            finished_grace: DEFAULT_FINISHED_GRACE,
+        }
+    }
+}
+
+/// What a pod bound to the node means for its devices now.
+enum NodePod {
+    /// May run: its allocated claims are in use.
+    Running,
+    /// Containers finished this long ago, within the grace period.
+    Finishing(Duration),
+    /// Done long enough ago, or no sign of its containers: not holding.
+    Idle,
+}
+
+fn node_pod_state(pod: &PodView, scope: DrainScope<'_>, now: Timestamp) -> NodePod {
+    if !pod.is_done() {
+        return NodePod::Running;
+    }
+    let Some(finished) = &pod.status.containers_finished_at else {
+        return NodePod::Idle;
+    };
+    let ago: Duration = now
+        .duration_since(finished.0)
+        .try_into()
+        .unwrap_or_default();
+    if ago < scope.finished_grace {
+        NodePod::Finishing(ago)
+    } else {
+        NodePod::Idle
+    }
+}
+
+/// Pods bound to the node, with what they mean now (idle ones left out).
+fn node_pods<'s>(
+    snapshot: &'s Snapshot,
+    scope: DrainScope<'_>,
+    now: Timestamp,
+) -> Vec<(&'s PodView, NodePod)> {
+    let mut pods: Vec<(&PodView, NodePod)> = snapshot
+        .pods
+        .values()
+        .filter(|p| p.node_name() == Some(scope.node))
+        .map(|p| (&**p, node_pod_state(p, scope, now)))
+        .filter(|(_, state)| !matches!(state, NodePod::Idle))
+        .collect();
+    pods.sort_by_key(|(p, _)| (p.namespace().to_string(), p.name().to_string()));
+    pods
+}
+
+/// Claims the node's running or finishing pods name that the snapshot
+/// lacks: the reader fetches each (absent afterwards = no such claim).
+pub fn claims_to_look_up(
+    snapshot: &Snapshot,
+    scope: DrainScope<'_>,
+    now: Timestamp,
+) -> BTreeSet<(String, String)> {
+    let have: BTreeSet<(&str, &str)> = snapshot
+        .claims
+        .iter()
+        .map(|c| {
+            (
+                c.metadata.namespace.as_deref().unwrap_or_default(),
+                c.metadata.name.as_deref().unwrap_or_default(),
+            )
+        })
+        .collect();
+    node_pods(snapshot, scope, now)
+        .into_iter()
+        .flat_map(|(pod, _)| {
+            pod.claim_names()
+                .into_iter()
+                .map(move |name| (pod.namespace(), name))
+        })
+        .filter(|key| !have.contains(key))
+        .map(|(ns, name)| (ns.to_string(), name.to_string()))
+        .collect()
+}
+
+/// Why the check cannot mean anything for this node or driver: a name that
+/// nothing in the cluster knows is almost certainly a typo, and "clean"
+/// would be a dangerous answer to it.
+pub fn unknown_target(snapshot: &Snapshot, scope: DrainScope<'_>) -> Option<String> {
+    let node_known = snapshot.nodes.contains_key(scope.node)
+        || snapshot
+            .pods
+            .values()
+            .any(|p| p.node_name() == Some(scope.node))
+        || snapshot
+            .slices
+            .iter()
+            .any(|s| s.spec.node_name.as_deref() == Some(scope.node));
+    if !node_known {
+        return Some(format!(
+            "node {:?} not found: no Node object, no pod bound to it, no ResourceSlice for it; check the name (kubectl get nodes)",
+            scope.node
+        ));
+    }
+    let driver = scope.driver?;
+    let driver_known = snapshot.slices.iter().any(|s| s.spec.driver == driver)
+        || snapshot
+            .claims
+            .iter()
+            .any(|c| !devices(c, Some(driver)).is_empty());
+    (!driver_known).then(|| {
+        format!(
+            "driver {driver:?} publishes no ResourceSlice and no claim is allocated a device of it; check the name (kubectl get resourceslices)"
+        )
+    })
 }
 
 /// Whether the claim's allocation serves the node through its selector or
@@ -79,6 +211,8 @@ pub fn check(snapshot: &Snapshot, scope: DrainScope<'_>, now: Timestamp) -> Drai
         .filter(|c| matters_to_node(c, snapshot, scope))
         .collect();
     claims.sort_by_key(|c| (c.metadata.namespace.clone(), c.metadata.name.clone()));
+    // (claim, pod UID) pairs already reported as blocking.
+    let mut blocking: BTreeSet<(String, String, String)> = BTreeSet::new();
     for claim in claims {
         let facts = ClaimFacts::from(claim);
         let lookup = |name: &str| snapshot.pod(facts.namespace, name);
@@ -92,15 +226,79 @@ pub fn check(snapshot: &Snapshot, scope: DrainScope<'_>, now: Timestamp) -> Drai
                 _ => false,
             };
             if blocks {
+                let r = claim_ref(claim);
+                blocking.insert((r.namespace.clone(), r.name.clone(), consumer.uid.clone()));
                 report
                     .blocking
-                    .push(Finding::in_use(claim_ref(claim), devs.clone(), &consumer));
+                    .push(Finding::in_use(r, devs.clone(), &consumer));
             }
         }
         for problem in problems(&facts, &lookup, now) {
             report
                 .warnings
                 .push(Finding::problem(claim_ref(claim), devs.clone(), &problem));
+        }
+    }
+    // From the pods' side.
+    let by_name: HashMap<(&str, &str), &ResourceClaim> = snapshot
+        .claims
+        .iter()
+        .map(|c| {
+            (
+                (
+                    c.metadata.namespace.as_deref().unwrap_or_default(),
+                    c.metadata.name.as_deref().unwrap_or_default(),
+                ),
+                c,
+            )
+        })
+        .collect();
+    for (pod, state) in node_pods(snapshot, scope, now) {
+        let pod_ref = PodRef {
+            namespace: pod.namespace().to_string(),
+            name: pod.name().to_string(),
+            uid: pod.uid().to_string(),
+            state: PodState::of(Some(pod), pod.uid()),
+        };
+        for name in pod.claim_names() {
+            let claim = by_name.get(&(pod.namespace(), name)).copied();
+            let key = (
+                pod.namespace().to_string(),
+                name.to_string(),
+                pod.uid().to_string(),
+            );
+            if blocking.contains(&key) {
+                continue;
+            }
+            let r = ClaimRef {
+                namespace: pod.namespace().to_string(),
+                name: name.to_string(),
+            };
+            match (&state, claim) {
+                (NodePod::Running, Some(claim)) => {
+                    let devs = devices(claim, scope.driver);
+                    if !devs.is_empty() {
+                        blocking.insert(key);
+                        report.blocking.push(Finding::in_use(r, devs, &pod_ref));
+                    }
+                }
+                (NodePod::Finishing(ago), claim) => {
+                    // The claim may be released or gone already; its devices
+                    // may still be prepared. Another driver's claim that
+                    // still shows its devices is no concern.
+                    let devs = claim.map(|c| devices(c, scope.driver)).unwrap_or_default();
+                    let other_driver = claim.is_some_and(|c| {
+                        devices(c, scope.driver).is_empty() && !devices(c, None).is_empty()
+                    });
+                    if !other_driver {
+                        blocking.insert(key);
+                        report
+                            .blocking
+                            .push(Finding::finishing(r, devs, &pod_ref, *ago));
+                    }
+                }
+                _ => {}
+            }
         }
     }
     report.conclude()
@@ -111,7 +309,7 @@ mod tests {
     use super::*;
     use crate::controllers::resourceclaim::views::PodView;
     use crate::inspect::placement::NodeFacts;
-    use crate::inspect::report::Verdict;
+    use crate::inspect::report::{DrainCheckReport, Verdict};
     use serde_json::{Value, json};
 
     const NODE: &str = "gpu-1";
@@ -164,10 +362,7 @@ mod tests {
     fn verdict(s: &Snapshot) -> Outcome {
         let r = check(
             s,
-            DrainScope {
-                node: NODE,
-                driver: None,
-            },
+            DrainScope::new(NODE, None),
             "2026-11-23T12:00:00Z".parse().unwrap(),
         );
         (
@@ -239,6 +434,119 @@ mod tests {
         }
     }
 
+    /// A pod bound to the node naming `claims` (recorded statuses), with
+    /// containers that finished at `finished` when given.
+    fn node_pod(name: &str, phase: &str, claims: &[&str], finished: Option<&str>) -> PodView {
+        let statuses: Vec<Value> = claims
+            .iter()
+            .map(|c| json!({"name": c, "resourceClaimName": c}))
+            .collect();
+        let mut status = json!({"phase": phase, "resourceClaimStatuses": statuses});
+        if let Some(at) = finished {
+            status["containerStatuses"] = json!([{"name": "main", "state": {"terminated": {"exitCode": 0, "finishedAt": at}}}]);
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("{name}-uid")},
+            "spec": {"nodeName": NODE}, "status": status}))
+        .unwrap()
+    }
+
+    fn kinds(r: &DrainCheckReport) -> (Vec<String>, Vec<String>) {
+        (
+            r.blocking.iter().map(|f| f.kind.clone()).collect(),
+            r.warnings.iter().map(|f| f.kind.clone()).collect(),
+        )
+    }
+
+    const NOW: &str = "2026-11-23T12:00:00Z";
+
+    #[test]
+    fn the_node_pods_own_claims_block() {
+        // Allocated for a pod group, a network-attached device (no node
+        // selector naming this node): only the pod's side shows the use.
+        let group: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "group-claim", "namespace": "ns"}, "spec": {},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "r", "driver": "nic.example.com", "pool": "fabric", "device": "p0"}]}},
+                       "reservedFor": [{"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "g", "uid": "g1"}]}}))
+        .unwrap();
+        let s = snapshot(
+            vec![group],
+            vec![node_pod("member", "Running", &["group-claim"], None)],
+        );
+        let r = check(&s, DrainScope::new(NODE, None), NOW.parse().unwrap());
+        assert_eq!(r.verdict, Verdict::Blocked);
+        assert_eq!(kinds(&r), (vec!["InUse".into()], vec![]));
+        assert_eq!(r.blocking[0].claim.name, "group-claim");
+        // Reserved for the pod as well: reported once, not twice.
+        let s = snapshot(
+            vec![claim("c", "gpu-1", &[("member", "member-uid")], Some(NODE))],
+            vec![node_pod("member", "Running", &["c"], None)],
+        );
+        let r = check(&s, DrainScope::new(NODE, None), NOW.parse().unwrap());
+        assert_eq!(kinds(&r), (vec!["InUse".into()], vec![]));
+        // A claim the pod names that is not in the snapshot is fetched.
+        let s = snapshot(vec![], vec![node_pod("member", "Running", &["late"], None)]);
+        assert_eq!(
+            claims_to_look_up(&s, DrainScope::new(NODE, None), NOW.parse().unwrap())
+                .into_iter()
+                .collect::<Vec<_>>(),
+            vec![("ns".to_string(), "late".to_string())]
+        );
+    }
+
+    #[test]
+    fn pods_that_finished_moments_ago_still_block() {
+        let scope = DrainScope::new(NODE, None);
+        let rows = [
+            (
+                "finished 10s ago, claim already gone",
+                Some("2026-11-23T11:59:50Z"),
+                vec!["Finishing".to_string()],
+            ),
+            ("finished 5m ago", Some("2026-11-23T11:55:00Z"), vec![]),
+            ("no container statuses (no kubelet)", None, vec![]),
+        ];
+        for (case, finished, want) in rows {
+            let s = snapshot(
+                vec![],
+                vec![node_pod("done", "Succeeded", &["gone-claim"], finished)],
+            );
+            let r = check(&s, scope, NOW.parse().unwrap());
+            assert_eq!(kinds(&r).0, want, "{case}");
+        }
+        // Another driver's claim, still showing its devices: no concern.
+        let s = snapshot(
+            vec![claim("c", "gpu-1", &[], Some(NODE))],
+            vec![node_pod(
+                "done",
+                "Succeeded",
+                &["c"],
+                Some("2026-11-23T11:59:50Z"),
+            )],
+        );
+        let nic = DrainScope::new(NODE, Some("nic.example.com"));
+        assert!(check(&s, nic, NOW.parse().unwrap()).blocking.is_empty());
+    }
+
+    #[test]
+    fn unknown_names_are_not_clean() {
+        let empty = Snapshot::default();
+        let typo = unknown_target(&empty, DrainScope::new("gpu-l", None)).unwrap();
+        assert!(typo.contains("\"gpu-l\" not found"), "{typo}");
+        let known = snapshot(vec![claim("c", "gpu-1", &[], Some(NODE))], vec![]);
+        assert!(unknown_target(&known, DrainScope::new(NODE, None)).is_none());
+        assert!(unknown_target(&known, DrainScope::new(NODE, Some("gpu.example.com"))).is_none());
+        let driver = unknown_target(&known, DrainScope::new(NODE, Some("gpu.example.co"))).unwrap();
+        assert!(driver.contains("gpu.example.co"), "{driver}");
+        // A Node object that is gone, with a pod still bound to it: known.
+        let orphan = Snapshot {
+            nodes: Default::default(),
+            ..snapshot(vec![], vec![pod("p", "u", Some(NODE), "Running")])
+        };
+        assert!(unknown_target(&orphan, DrainScope::new(NODE, None)).is_none());
+    }
+
     #[test]
     fn driver_filter_and_lookups() {
         let s = snapshot(
@@ -250,18 +558,12 @@ mod tests {
             )],
             vec![pod("p", "u1", Some(NODE), "Running")],
         );
-        let other = DrainScope {
-            node: NODE,
-            driver: Some("nic.example.com"),
-        };
+        let other = DrainScope::new(NODE, Some("nic.example.com"));
         assert_eq!(
             check(&s, other, Timestamp::UNIX_EPOCH).verdict,
             Verdict::Clean
         );
-        let all = DrainScope {
-            node: NODE,
-            driver: None,
-        };
+        let all = DrainScope::new(NODE, None);
         assert_eq!(
             pods_to_look_up(&s, all).into_iter().collect::<Vec<_>>(),
             vec![("ns".to_string(), "elsewhere".to_string())]

@@ -104,23 +104,21 @@ impl DevicePlacement {
     }
 }
 
-/// Where `driver`/`pool`/`device` lives according to the newest generation
-/// of its pool among `slices`.
+/// Where `driver`/`pool`/`device` lives: according to the newest
+/// generation of its pool that publishes it (a pool being republished may
+/// not list every device in its newest slices yet).
 pub fn device_placement(
     slices: &[ResourceSlice],
     driver: &str,
     pool: &str,
     device: &str,
 ) -> DevicePlacement {
-    let in_pool = || {
-        slices
-            .iter()
-            .filter(move |s| s.spec.driver == driver && s.spec.pool.name == pool)
-    };
-    let Some(newest) = in_pool().map(|s| s.spec.pool.generation).max() else {
-        return DevicePlacement::Unknown;
-    };
-    for slice in in_pool().filter(|s| s.spec.pool.generation == newest) {
+    let mut candidates: Vec<&ResourceSlice> = slices
+        .iter()
+        .filter(|s| s.spec.driver == driver && s.spec.pool.name == pool)
+        .collect();
+    candidates.sort_by_key(|s| std::cmp::Reverse(s.spec.pool.generation));
+    for slice in candidates {
         let devices = slice.spec.devices.as_deref().unwrap_or_default();
         let Some(found) = devices.iter().find(|d| d.name == device) else {
             continue;
@@ -344,6 +342,27 @@ mod tests {
         assert_eq!(
             device_placement(&slices, "gpu.example.com", "gpu-1", "d9"),
             DevicePlacement::Unknown
+        );
+        // Only an older generation lists it: that one still says where.
+        let republishing = vec![
+            slice(
+                "gpu.example.com",
+                "gpu-1",
+                1,
+                json!({"nodeName": "gpu-1"}),
+                &["d0", "d5"],
+            ),
+            slice(
+                "gpu.example.com",
+                "gpu-1",
+                2,
+                json!({"nodeName": "gpu-1"}),
+                &["d0"],
+            ),
+        ];
+        assert_eq!(
+            device_placement(&republishing, "gpu.example.com", "gpu-1", "d5"),
+            DevicePlacement::Node("gpu-1".into())
         );
         assert_eq!(
             device_placement(&slices, "other.example.com", "gpu-1", "d0"),

@@ -11,7 +11,9 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
 use serde::de::DeserializeOwned;
 
-use super::drain::{DrainScope, pods_to_look_up};
+use k8s_openapi::jiff::Timestamp;
+
+use super::drain::{DrainScope, claims_to_look_up, pods_to_look_up};
 use super::placement::NodeFacts;
 use super::snapshot::Snapshot;
 use crate::controllers::resourceclaim::views::PodView;
@@ -176,7 +178,8 @@ impl Reader {
         Reader { client }
     }
 
-    async fn node(&self, name: &str) -> Result<NodeFacts, ReadError> {
+    /// The node's name and labels; `None` when there is no such Node.
+    async fn node(&self, name: &str) -> Result<Option<NodeFacts>, ReadError> {
         let api: Api<Node> = Api::all(self.client.clone());
         let scope = format!(" {name}");
         let what = What {
@@ -185,13 +188,10 @@ impl Reader {
             scope: &scope,
         };
         let node = with_retries(what, || api.get_opt(name)).await?;
-        // A node already deleted is still judged, by its name.
-        Ok(node
-            .map(|n| NodeFacts {
-                name: name.to_string(),
-                labels: n.metadata.labels.unwrap_or_default(),
-            })
-            .unwrap_or_else(|| NodeFacts::named(name)))
+        Ok(node.map(|n| NodeFacts {
+            name: name.to_string(),
+            labels: n.metadata.labels.unwrap_or_default(),
+        }))
     }
 
     async fn claims(&self, namespace: Option<&str>) -> Result<Vec<ResourceClaim>, ReadError> {
@@ -252,21 +252,43 @@ impl Reader {
         with_retries(what, || api.get_opt(name)).await
     }
 
-    /// What `drain-check` needs: the node, its pods, all slices and claims,
-    /// and every other pod those claims name.
-    pub async fn for_node(&self, scope: DrainScope<'_>) -> Result<Snapshot, ReadError> {
-        let node = self.node(scope.node).await?;
-        let mut snapshot = Snapshot {
-            claims: self.claims(None).await?,
-            slices: self.slices().await?,
-            ..Default::default()
+    async fn claim(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, ReadError> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+        let scope = format!(" {namespace}/{name}");
+        let what = What {
+            verb: "get",
+            resource: "resourceclaims.resource.k8s.io",
+            scope: &scope,
         };
-        snapshot.nodes.insert(node.name.clone(), node);
+        with_retries(what, || api.get_opt(name)).await
+    }
+
+    /// What `drain-check` needs: the node (when it exists), its pods, all
+    /// slices and claims, every other pod those claims name and every claim
+    /// the node's pods name. Pods are read before claims, and claims the
+    /// pods name but the list lacks are fetched one by one, so a claim
+    /// reserved while the lists were read is not missed.
+    pub async fn for_node(
+        &self,
+        scope: DrainScope<'_>,
+        now: Timestamp,
+    ) -> Result<Snapshot, ReadError> {
+        let mut snapshot = Snapshot::default();
+        if let Some(node) = self.node(scope.node).await? {
+            snapshot.nodes.insert(node.name.clone(), node);
+        }
         for pod in self.pods(None, Some(scope.node)).await? {
             snapshot.add_pod(pod);
         }
+        snapshot.claims = self.claims(None).await?;
+        snapshot.slices = self.slices().await?;
         let missing = pods_to_look_up(&snapshot, scope);
         self.look_up(&mut snapshot, missing).await?;
+        for (namespace, name) in claims_to_look_up(&snapshot, scope, now) {
+            if let Some(claim) = self.claim(&namespace, &name).await? {
+                snapshot.claims.push(claim);
+            }
+        }
         Ok(snapshot)
     }
 
@@ -282,8 +304,9 @@ impl Reader {
             slices: self.slices().await?,
             ..Default::default()
         };
-        if let Some(node) = node {
-            let facts = self.node(node).await?;
+        if let Some(node) = node
+            && let Some(facts) = self.node(node).await?
+        {
             snapshot.nodes.insert(facts.name.clone(), facts);
         }
         for pod in self.pods(namespace, None).await? {

@@ -103,8 +103,11 @@ pub struct Finding {
     pub action: String,
 }
 
-/// The `type` of blocking entries.
+/// The `type` of blocking entries: a consumer that may run.
 pub const IN_USE: &str = "InUse";
+/// The `type` of blocking entries: a pod that finished moments ago, whose
+/// devices the kubelet may not have unprepared yet.
+pub const FINISHING: &str = "Finishing";
 
 fn problem_type(kind: ProblemKind) -> &'static str {
     match kind {
@@ -142,6 +145,30 @@ impl Finding {
             subject: Some(Subject::pod(consumer, "consumer")),
             deleting_for_seconds: None,
             action,
+        }
+    }
+
+    /// A pod on the node that finished `ago` ago: its devices may still be
+    /// prepared (the kubelet unprepares them while cleaning the pod up).
+    pub fn finishing(
+        claim: ClaimRef,
+        devices: Vec<DeviceRef>,
+        pod: &PodRef,
+        ago: std::time::Duration,
+    ) -> Self {
+        Finding {
+            kind: FINISHING.into(),
+            claim,
+            devices,
+            subject: Some(Subject::pod(pod, "consumer")),
+            deleting_for_seconds: None,
+            action: format!(
+                "pod {}/{} finished {} ago; the kubelet unprepares its devices while cleaning it up: wait a little \
+                 (drain-check --wait does)",
+                pod.namespace,
+                pod.name,
+                human_duration(ago.as_secs())
+            ),
         }
     }
 
@@ -233,6 +260,8 @@ pub enum Verdict {
     Clean,
     Warnings,
     Blocked,
+    /// The check could not be completed (see `error`).
+    Incomplete,
 }
 
 impl Verdict {
@@ -250,6 +279,7 @@ impl Verdict {
             Verdict::Blocked => exit::BLOCKED,
             Verdict::Warnings if strict => exit::BLOCKED,
             Verdict::Warnings => exit::WARNINGS,
+            Verdict::Incomplete => exit::INCOMPLETE,
         }
     }
 }
@@ -268,6 +298,9 @@ pub struct DrainCheckReport {
     pub checked_at: String,
     pub blocking: Vec<Finding>,
     pub warnings: Vec<Finding>,
+    /// Why the check could not be completed (verdict `Incomplete`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     pub notes: Vec<String>,
 }
 
@@ -282,8 +315,17 @@ impl DrainCheckReport {
             checked_at,
             blocking: Vec::new(),
             warnings: Vec::new(),
+            error: None,
             notes: vec![FORCE_DELETE_CAVEAT.to_string()],
         }
+    }
+
+    /// A report that says only why the check could not be completed.
+    pub fn incomplete(node: &str, driver: Option<&str>, checked_at: String, error: String) -> Self {
+        let mut report = DrainCheckReport::new(node, driver, checked_at);
+        report.verdict = Verdict::Incomplete;
+        report.error = Some(error);
+        report
     }
 
     /// Sets the verdict from the findings.
@@ -294,6 +336,10 @@ impl DrainCheckReport {
 
     pub fn table(&self) -> String {
         let mut out = String::new();
+        if let Some(error) = &self.error {
+            let _ = writeln!(out, "Incomplete: {error}");
+            return out;
+        }
         let scope = match &self.driver {
             Some(d) => format!("node {} (driver {d})", self.node),
             None => format!("node {}", self.node),
@@ -309,6 +355,7 @@ impl DrainCheckReport {
             out.push('\n');
         }
         let _ = match self.verdict {
+            Verdict::Incomplete => Ok(()),
             Verdict::Clean => writeln!(
                 out,
                 "Clean: no ResourceClaim holds devices on {scope}; the driver can be removed."
@@ -525,6 +572,10 @@ mod tests {
         assert_eq!(Verdict::of(1, 3).exit_code(false), 1);
         assert_eq!(Verdict::of(0, 2).exit_code(false), 2);
         assert_eq!(Verdict::of(0, 2).exit_code(true), 1);
+        assert_eq!(Verdict::Incomplete.exit_code(false), 3);
+        let r = DrainCheckReport::incomplete("n", None, "t".into(), "denied".into());
+        assert_eq!(serde_json::to_value(&r).unwrap()["verdict"], "Incomplete");
+        assert!(r.table().contains("denied"));
     }
 
     #[test]

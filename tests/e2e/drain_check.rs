@@ -276,9 +276,23 @@ async fn drain_check_and_audit() {
         Some(0),
         "--wait ends clean once the claim is released"
     );
+    // (--wait may end once the claim is released, before it is deleted.)
+    wait_for(
+        "the controller deletes the generated claim",
+        TIMEOUT,
+        async || {
+            ensure!(t.claim(&claim).await.is_none(), "claim {claim} still there");
+            Ok(())
+        },
+    )
+    .await;
+    // A node nobody knows is not "clean": the name is probably a typo.
+    let r = check("drain-gpu-l", &[]).await;
+    assert_eq!(r.code, 3, "{r:?}");
+    assert_eq!(r.json()["verdict"], "Incomplete");
     assert!(
-        t.claim(&claim).await.is_none(),
-        "the controller deleted the generated claim"
+        r.json()["error"].as_str().unwrap().contains("not found"),
+        "{r:?}"
     );
 
     // A network-attached NIC port allocated for nobody: a leak on every
@@ -416,6 +430,18 @@ async fn drain_check_and_audit() {
     );
     let r = run("kubectl-dra", &nobody, &["audit"]).await;
     assert_eq!(r.code, 3, "{r:?}");
+    let r = run(
+        "kubectl-dra",
+        &nobody,
+        &["drain-check", "--node", GPU_NODE, "-o", "json"],
+    )
+    .await;
+    assert_eq!(r.code, 3, "{r:?}");
+    assert_eq!(
+        r.json()["verdict"],
+        "Incomplete",
+        "scripts get a document too"
+    );
     t.finish();
 }
 

@@ -186,6 +186,51 @@ pub struct PodViewStatus {
         deserialize_with = "scheduled_condition"
     )]
     pub scheduled: bool,
+    /// When the last of its containers finished, if all have (from
+    /// `containerStatuses`): a kubelet unprepares devices only after that.
+    #[serde(
+        default,
+        rename = "containerStatuses",
+        deserialize_with = "containers_finished_at"
+    )]
+    pub containers_finished_at: Option<Time>,
+}
+
+/// The latest `state.terminated.finishedAt` of the container statuses when
+/// every container has terminated; `None` while one still runs (or when
+/// the kubelet reported none).
+fn containers_finished_at<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Time>, D::Error> {
+    #[derive(Deserialize)]
+    struct Status {
+        #[serde(default)]
+        state: Option<State>,
+    }
+    #[derive(Deserialize)]
+    struct State {
+        #[serde(default)]
+        terminated: Option<Terminated>,
+    }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Terminated {
+        finished_at: Option<Time>,
+    }
+    let statuses = Option::<Vec<Status>>::deserialize(d)?.unwrap_or_default();
+    let mut latest: Option<Time> = None;
+    for status in &statuses {
+        let finished = status
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .and_then(|t| t.finished_at.clone());
+        let Some(at) = finished else {
+            return Ok(None);
+        };
+        if latest.as_ref().is_none_or(|l| l.0 < at.0) {
+            latest = Some(at);
+        }
+    }
+    Ok(latest)
 }
 
 /// `pod.status.extendedResourceClaimStatus`, name only.
@@ -221,6 +266,27 @@ impl PodView {
             .as_ref()
             .map(|s| s.resource_claim_name.as_str())
             .filter(|n| !n.is_empty())
+    }
+    /// The claims this pod names: its recorded generated claims, the claims
+    /// its entries name directly, its extended-resource claim.
+    pub fn claim_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .status
+            .resource_claim_statuses
+            .iter()
+            .filter_map(|s| s.resource_claim_name.as_deref())
+            .chain(
+                self.spec
+                    .resource_claims
+                    .iter()
+                    .filter_map(|c| c.resource_claim_name.as_deref()),
+            )
+            .chain(self.extended_claim_name())
+            .filter(|n| !n.is_empty())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
     }
     /// Bypassed the scheduler: see [`PodHistory::pre_scheduled`].
     pub fn is_pre_scheduled(&self) -> bool {
@@ -456,6 +522,35 @@ mod tests {
         );
         assert_eq!(pod.extended_claim_name(), Some("p-ext"));
         assert!(pod.is_relevant() && !pod.is_done());
+        assert_eq!(pod.claim_names(), vec!["p-ext", "p-gpu-x"]);
+        assert!(pod.status.containers_finished_at.is_none());
+    }
+
+    #[test]
+    fn containers_finish_when_all_have() {
+        let view = |statuses: serde_json::Value| -> PodView {
+            serde_json::from_value(
+                json!({"metadata": {"name": "p"}, "status": {"containerStatuses": statuses}}),
+            )
+            .unwrap()
+        };
+        let done = view(json!([
+            {"name": "a", "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-11-23T12:00:05Z"}}},
+            {"name": "b", "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-11-23T12:00:09Z"}}}]));
+        assert_eq!(
+            done.status.containers_finished_at.unwrap().0.to_string(),
+            "2026-11-23T12:00:09Z"
+        );
+        let running = view(json!([
+            {"name": "a", "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-11-23T12:00:05Z"}}},
+            {"name": "b", "state": {"running": {"startedAt": "2026-11-23T12:00:00Z"}}}]));
+        assert!(running.status.containers_finished_at.is_none());
+        assert!(
+            view(serde_json::Value::Null)
+                .status
+                .containers_finished_at
+                .is_none()
+        );
     }
 
     #[test]
