@@ -141,6 +141,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.feature_gates.gates,
         &registry,
         &identity,
+        args.metrics_naming,
     )?;
     tokio::spawn(controller.clone().run_watches());
     tokio::spawn(controller.clone().run_resync(args.min_resync_period.0));

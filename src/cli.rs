@@ -13,6 +13,7 @@ use crate::leader::{
 };
 
 use crate::controllers::resourceclaim::features::FeatureGateFlag;
+use crate::controllers::resourceclaim::metrics::MetricsNaming;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -91,6 +92,10 @@ pub struct Args {
     /// On SIGTERM, how long in-flight syncs may take to finish before the lease is released.
     #[arg(long, default_value_t = FlagDuration(DEFAULT_SHUTDOWN_TIMEOUT))]
     pub shutdown_timeout: FlagDuration,
+
+    /// Names of the claim metrics: 1.36 (resourceclaim_controller_*), 1.37 (dynamic_resource_allocation_*, with owner_api_group/owner_api_kind on the creates counter) or both (same values), so dashboards written for either release work.
+    #[arg(long, value_enum, default_value_t = MetricsNaming::Both)]
+    pub metrics_naming: MetricsNaming,
 
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -229,6 +234,7 @@ mod tests {
         assert_eq!(args.metrics_bind_address.to_string(), "0.0.0.0:8080");
         assert_eq!(args.health_probe_bind_address.to_string(), "0.0.0.0:8081");
         assert_eq!(args.log_format, LogFormat::Text);
+        assert_eq!(args.metrics_naming, MetricsNaming::Both);
     }
 
     #[test]
@@ -263,5 +269,8 @@ mod tests {
         assert_eq!(off.metrics_bind_address.0, None);
         assert!(Args::try_parse_from(["x", "--feature-gates=Nope=true"]).is_err());
         assert!(Args::try_parse_from(["x", "--concurrent-syncs=0"]).is_err());
+        let named = Args::try_parse_from(["x", "--metrics-naming=1.37"]).unwrap();
+        assert_eq!(named.metrics_naming, MetricsNaming::V1_37);
+        assert!(Args::try_parse_from(["x", "--metrics-naming=1.38"]).is_err());
     }
 }

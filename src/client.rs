@@ -272,7 +272,7 @@ impl ClientMetrics {
         let requests = IntCounterVec::new(
             Opts::new(
                 "rest_client_requests_total",
-                "Number of HTTP requests, partitioned by status code, method, and host.",
+                "[ALPHA] Number of HTTP requests, partitioned by status code, method, and host.",
             ),
             &["code", "host", "method"],
         )
@@ -280,7 +280,7 @@ impl ClientMetrics {
         let request_duration = HistogramVec::new(
             HistogramOpts::new(
                 "rest_client_request_duration_seconds",
-                "Request latency in seconds. Broken down by verb and host.",
+                "[ALPHA] Request latency in seconds. Broken down by verb and host.",
             )
             .buckets(LATENCY_BUCKETS.to_vec()),
             &["verb", "host"],
@@ -289,7 +289,7 @@ impl ClientMetrics {
         let rate_limiter_duration = HistogramVec::new(
             HistogramOpts::new(
                 "rest_client_rate_limiter_duration_seconds",
-                "Client side rate limiter latency in seconds. Broken down by verb and host.",
+                "[ALPHA] Client side rate limiter latency in seconds. Broken down by verb and host.",
             )
             .buckets(LATENCY_BUCKETS.to_vec()),
             &["verb", "host"],

@@ -383,7 +383,7 @@ impl LeaderElection {
         let status = IntGaugeVec::new(
             Opts::new(
                 "leader_election_master_status",
-                "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
+                "[ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
             ),
             &["name"],
         )

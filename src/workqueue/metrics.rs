@@ -31,8 +31,10 @@ pub(super) struct Metrics {
 impl Metrics {
     pub(super) fn new(queue: &str) -> Self {
         const VALID: &str = "constant metric definition is valid";
+        // kube-controller-manager 1.36 marks the workqueue metrics BETA and
+        // says so in their HELP, as component-base does.
         let opts = |name: &str, help: &str| {
-            Opts::new(name, help)
+            Opts::new(name, format!("[BETA] {help}"))
                 .subsystem("workqueue")
                 .const_label("name", queue)
         };
@@ -40,7 +42,7 @@ impl Metrics {
             // Repeated multiplication, as client-go does, so the `le` labels
             // come out identical (including 9.999999999999999e-06).
             let buckets = prometheus::exponential_buckets(1e-8, 10.0, 10).expect(VALID);
-            let opts = HistogramOpts::new(name, help)
+            let opts = HistogramOpts::new(name, format!("[BETA] {help}"))
                 .subsystem("workqueue")
                 .const_label("name", queue)
                 .buckets(buckets);

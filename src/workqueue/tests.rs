@@ -457,17 +457,17 @@ async fn metrics_follow_client_go() {
 
     assert_eq!(
         family(&families, "workqueue_depth").help(),
-        "Current depth of workqueue"
+        "[BETA] Current depth of workqueue"
     );
     assert_eq!(
         family(&families, "workqueue_unfinished_work_seconds").help(),
-        "How many seconds of work has done that is in progress and hasn't been observed \
+        "[BETA] How many seconds of work has done that is in progress and hasn't been observed \
          by work_duration. Large values indicate stuck threads. One can deduce the number \
          of stuck threads by observing the rate at which this increases."
     );
     assert_eq!(
         family(&families, "workqueue_longest_running_processor_seconds").help(),
-        "How many seconds has the longest running processor for workqueue been running."
+        "[BETA] How many seconds has the longest running processor for workqueue been running."
     );
     let names: HashSet<_> = families.iter().map(|f| f.name()).collect();
     let expected_names: HashSet<_> = [

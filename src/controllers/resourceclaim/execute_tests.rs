@@ -13,7 +13,7 @@ use super::cache::{Caches, object_key};
 use super::context::{Context, Synced};
 use super::events::EventRecorder;
 use super::features::FeatureGates;
-use super::metrics::ControllerMetrics;
+use super::metrics::{ControllerMetrics, MetricsNaming};
 use super::views::{ClaimView, PodView, TemplateView};
 use super::{claim, observe, pod};
 use crate::naming::{DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION};
@@ -26,7 +26,8 @@ fn context(caches: Arc<Caches>) -> (Context, Handle) {
     let registry = prometheus::Registry::new();
     let ctx = Context {
         client: kube::Client::new(service, "default"),
-        metrics: ControllerMetrics::register(&registry, caches.clone()).unwrap(),
+        metrics: ControllerMetrics::register(&registry, caches.clone(), MetricsNaming::Both)
+            .unwrap(),
         caches,
         gates: FeatureGates::default(),
         events: EventRecorder::disabled(),

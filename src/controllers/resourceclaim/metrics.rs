@@ -1,6 +1,10 @@
-//! The claim metrics of kube-controller-manager's controller, same names and
-//! labels: `resourceclaim_controller_creates_total{status,admin_access}` and
-//! `resourceclaim_controller_resource_claims{allocated,admin_access,source}`;
+//! The claim metrics of kube-controller-manager's controller, same names,
+//! labels and HELP texts, under both spellings: 1.36's
+//! `resourceclaim_controller_creates_total{status,admin_access}` and
+//! `resourceclaim_controller_resource_claims{allocated,admin_access,source}`,
+//! and 1.37's `dynamic_resource_allocation_resourceclaim_creates_total`
+//! (plus `owner_api_group`, `owner_api_kind`) and
+//! `dynamic_resource_allocation_resource_claims` (`--metrics-naming`);
 //! and our own `dra_claim_controller_claims{state}`, the claims that need
 //! attention, judged by the classifier `drain-check` and `audit` use.
 
@@ -16,48 +20,124 @@ use super::views::ClaimView;
 use crate::inspect::classify::{ClaimFacts, ProblemKind, problems};
 use crate::naming::{EXTENDED_RESOURCE_CLAIM_ANNOTATION, POD_CLAIM_NAME_ANNOTATION};
 
-const CLAIMS_HELP: &str = "Number of ResourceClaims, categorized by allocation status, admin access, and source. \
+/// kube-controller-manager marks these ALPHA, and says so in the HELP text.
+const CLAIMS_HELP: &str = "[ALPHA] Number of ResourceClaims, categorized by allocation status, admin access, and source. \
 Source can be 'resource_claim_template' (created from a template), 'extended_resource' (extended resources), \
 or empty (manually created by a user).";
+const CREATES_HELP: &str = "[ALPHA] Number of ResourceClaims creation requests, categorized by creation status and admin access";
+
+const CREATES_1_36: &str = "resourceclaim_controller_creates_total";
+const CREATES_1_37: &str = "dynamic_resource_allocation_resourceclaim_creates_total";
+const CLAIMS_1_36: &str = "resourceclaim_controller_resource_claims";
+const CLAIMS_1_37: &str = "dynamic_resource_allocation_resource_claims";
+
+/// `--metrics-naming`: which release's names the claim metrics carry.
+/// Kubernetes 1.37 renamed them; `both` (the default) serves dashboards
+/// written for either release, with the same values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MetricsNaming {
+    #[value(name = "1.36")]
+    V1_36,
+    #[value(name = "1.37")]
+    V1_37,
+    Both,
+}
+
+impl MetricsNaming {
+    fn with_1_36(self) -> bool {
+        matches!(self, MetricsNaming::V1_36 | MetricsNaming::Both)
+    }
+    fn with_1_37(self) -> bool {
+        matches!(self, MetricsNaming::V1_37 | MetricsNaming::Both)
+    }
+}
+
+/// The kind of object a generated claim belongs to (1.37's
+/// `owner_api_group`, `owner_api_kind` labels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimOwner {
+    pub api_group: &'static str,
+    pub kind: &'static str,
+}
+
+impl ClaimOwner {
+    /// A core/v1 Pod (API group "").
+    pub const POD: ClaimOwner = ClaimOwner {
+        api_group: "",
+        kind: "Pod",
+    };
+}
 
 /// Counters updated by pod work.
 #[derive(Clone)]
 pub struct ControllerMetrics {
-    creates: IntCounterVec,
+    creates_1_36: Option<IntCounterVec>,
+    creates_1_37: Option<IntCounterVec>,
 }
 
 impl ControllerMetrics {
-    /// Registers the counters, and a collector that counts cached claims at
+    /// Registers the counters, and collectors that count cached claims at
     /// scrape time (no bookkeeping on every watch event).
-    pub fn register(registry: &Registry, caches: Arc<Caches>) -> prometheus::Result<Self> {
-        let creates = IntCounterVec::new(
-            Opts::new(
-                "resourceclaim_controller_creates_total",
-                "Number of ResourceClaims creation requests, categorized by creation status and admin access",
-            ),
-            &["status", "admin_access"],
-        )?;
-        registry.register(Box::new(creates.clone()))?;
-        registry.register(Box::new(ClaimGauge::new(caches.clone())?))?;
+    pub fn register(
+        registry: &Registry,
+        caches: Arc<Caches>,
+        naming: MetricsNaming,
+    ) -> prometheus::Result<Self> {
+        let mut metrics = ControllerMetrics {
+            creates_1_36: None,
+            creates_1_37: None,
+        };
+        if naming.with_1_36() {
+            let c = IntCounterVec::new(
+                Opts::new(CREATES_1_36, CREATES_HELP),
+                &["status", "admin_access"],
+            )?;
+            registry.register(Box::new(c.clone()))?;
+            metrics.creates_1_36 = Some(c);
+        }
+        if naming.with_1_37() {
+            let c = IntCounterVec::new(
+                Opts::new(CREATES_1_37, CREATES_HELP),
+                &[
+                    "status",
+                    "admin_access",
+                    "owner_api_group",
+                    "owner_api_kind",
+                ],
+            )?;
+            registry.register(Box::new(c.clone()))?;
+            metrics.creates_1_37 = Some(c);
+        }
+        let names: Vec<&'static str> = [
+            (naming.with_1_36(), CLAIMS_1_36),
+            (naming.with_1_37(), CLAIMS_1_37),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        registry.register(Box::new(ClaimGauge::new(caches.clone(), names)?))?;
         registry.register(Box::new(ProblemGauge::new(caches)?))?;
-        Ok(ControllerMetrics { creates })
+        Ok(metrics)
     }
 
     /// Metrics that go nowhere (for decisions tested without a registry).
     pub fn unregistered() -> Self {
-        let creates = IntCounterVec::new(
-            Opts::new("unregistered_creates_total", "-"),
-            &["status", "admin_access"],
-        )
-        .expect("static metric definition");
-        ControllerMetrics { creates }
+        ControllerMetrics {
+            creates_1_36: None,
+            creates_1_37: None,
+        }
     }
 
-    pub fn record_create(&self, success: bool, admin_access: bool) {
+    pub fn record_create(&self, success: bool, admin_access: bool, owner: ClaimOwner) {
         let status = if success { "success" } else { "failure" };
-        self.creates
-            .with_label_values(&[status, if admin_access { "true" } else { "false" }])
-            .inc();
+        let admin = if admin_access { "true" } else { "false" };
+        if let Some(c) = &self.creates_1_36 {
+            c.with_label_values(&[status, admin]).inc();
+        }
+        if let Some(c) = &self.creates_1_37 {
+            c.with_label_values(&[status, admin, owner.api_group, owner.kind])
+                .inc();
+        }
     }
 }
 
@@ -88,20 +168,30 @@ pub fn claim_labels(claim: &ClaimView) -> [&'static str; 3] {
 
 struct ClaimGauge {
     caches: Arc<Caches>,
+    /// The names it is exported under (one per spelling).
+    names: Vec<&'static str>,
     desc: Vec<Desc>,
 }
 
+const CLAIM_LABELS: [&str; 3] = ["allocated", "admin_access", "source"];
+
 impl ClaimGauge {
-    fn new(caches: Arc<Caches>) -> prometheus::Result<Self> {
-        let desc = Desc::new(
-            "resourceclaim_controller_resource_claims".into(),
-            CLAIMS_HELP.into(),
-            vec!["allocated".into(), "admin_access".into(), "source".into()],
-            Default::default(),
-        )?;
+    fn new(caches: Arc<Caches>, names: Vec<&'static str>) -> prometheus::Result<Self> {
+        let desc = names
+            .iter()
+            .map(|name| {
+                Desc::new(
+                    name.to_string(),
+                    CLAIMS_HELP.into(),
+                    CLAIM_LABELS.iter().map(|l| l.to_string()).collect(),
+                    Default::default(),
+                )
+            })
+            .collect::<prometheus::Result<_>>()?;
         Ok(ClaimGauge {
             caches,
-            desc: vec![desc],
+            names,
+            desc,
         })
     }
 }
@@ -116,15 +206,16 @@ impl Collector for ClaimGauge {
         for claim in self.caches.claims.list() {
             *counts.entry(claim_labels(&claim)).or_default() += 1;
         }
-        let gauge = IntGaugeVec::new(
-            Opts::new("resourceclaim_controller_resource_claims", CLAIMS_HELP),
-            &["allocated", "admin_access", "source"],
-        )
-        .expect("static metric definition");
-        for (labels, n) in counts {
-            gauge.with_label_values(&labels).set(n);
+        let mut families = Vec::new();
+        for name in &self.names {
+            let gauge = IntGaugeVec::new(Opts::new(*name, CLAIMS_HELP), &CLAIM_LABELS)
+                .expect("static metric definition");
+            for (labels, n) in &counts {
+                gauge.with_label_values(labels).set(*n);
+            }
+            families.extend(gauge.collect());
         }
-        gauge.collect()
+        families
     }
 }
 
@@ -221,9 +312,9 @@ mod tests {
                 .apply(format!("ns/{}", claim.name()), Arc::new(claim));
         }
         let registry = Registry::new();
-        let metrics = ControllerMetrics::register(&registry, caches).unwrap();
-        metrics.record_create(true, false);
-        metrics.record_create(false, true);
+        let metrics = ControllerMetrics::register(&registry, caches, MetricsNaming::Both).unwrap();
+        metrics.record_create(true, false, ClaimOwner::POD);
+        metrics.record_create(false, true, ClaimOwner::POD);
         let mut out = Vec::new();
         prometheus::TextEncoder::new()
             .encode(&registry.gather(), &mut out)
@@ -236,8 +327,49 @@ mod tests {
             r#"resourceclaim_controller_resource_claims{admin_access="false",allocated="false",source=""} 1"#,
             r#"resourceclaim_controller_creates_total{admin_access="false",status="success"} 1"#,
             r#"resourceclaim_controller_creates_total{admin_access="true",status="failure"} 1"#,
+            r#"dynamic_resource_allocation_resource_claims{admin_access="false",allocated="true",source="resource_claim_template"} 1"#,
+            r#"dynamic_resource_allocation_resourceclaim_creates_total{admin_access="false",owner_api_group="",owner_api_kind="Pod",status="success"} 1"#,
+            "# HELP resourceclaim_controller_creates_total [ALPHA] Number of ResourceClaims creation requests",
+            "# HELP dynamic_resource_allocation_resource_claims [ALPHA] Number of ResourceClaims, categorized",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn one_spelling_only() {
+        for (naming, present, absent) in [
+            (
+                MetricsNaming::V1_36,
+                "resourceclaim_controller_",
+                "dynamic_resource_allocation_",
+            ),
+            (
+                MetricsNaming::V1_37,
+                "dynamic_resource_allocation_",
+                "resourceclaim_controller_",
+            ),
+        ] {
+            let caches = Arc::new(Caches::new());
+            let claim: ClaimView =
+                serde_json::from_value(json!({"metadata": {"name": "a", "namespace": "ns"}}))
+                    .unwrap();
+            caches.claims.apply("ns/a".into(), Arc::new(claim));
+            let registry = Registry::new();
+            let metrics = ControllerMetrics::register(&registry, caches, naming).unwrap();
+            metrics.record_create(true, false, ClaimOwner::POD);
+            let mut out = Vec::new();
+            prometheus::TextEncoder::new()
+                .encode(&registry.gather(), &mut out)
+                .unwrap();
+            let text = String::from_utf8(out).unwrap();
+            let series = |prefix: &str| text.lines().filter(|l| l.starts_with(prefix)).count();
+            assert_eq!(
+                series(present),
+                2,
+                "{naming:?}: a creates and a claims series\n{text}"
+            );
+            assert_eq!(series(absent), 0, "{naming:?}\n{text}");
         }
     }
 
@@ -269,7 +401,7 @@ mod tests {
         .unwrap();
         caches.pods.apply("ns/runs".into(), Arc::new(pod));
         let registry = Registry::new();
-        ControllerMetrics::register(&registry, caches.clone()).unwrap();
+        ControllerMetrics::register(&registry, caches.clone(), MetricsNaming::Both).unwrap();
         let text = || {
             let mut out = Vec::new();
             prometheus::TextEncoder::new()

@@ -47,7 +47,7 @@ use context::Context;
 use enqueue::{WorkKey, pod_needs_work};
 use events::EventRecorder;
 use features::FeatureGates;
-use metrics::ControllerMetrics;
+use metrics::{ControllerMetrics, MetricsNaming};
 use views::{ClaimView, PodView, TemplateView};
 
 pub use context::Synced;
@@ -72,9 +72,10 @@ impl Controller {
         gates: FeatureGates,
         registry: &prometheus::Registry,
         identity: &str,
+        metrics_naming: MetricsNaming,
     ) -> anyhow::Result<Arc<Self>> {
         let caches = Arc::new(Caches::new());
-        let metrics = ControllerMetrics::register(registry, caches.clone())?;
+        let metrics = ControllerMetrics::register(registry, caches.clone(), metrics_naming)?;
         let ctx = Arc::new(Context {
             events: EventRecorder::new(client.clone(), identity.to_string()),
             client,

@@ -17,6 +17,7 @@ use tracing::{debug, info, warn};
 use super::cache::Caches;
 use super::context::{Context, Synced};
 use super::error::{SyncError, kube_err};
+use super::metrics::ClaimOwner;
 use super::patch;
 use super::views::{ClaimView, PodView, TemplateView};
 use crate::controllers::resourceclaim::features::FeatureGates;
@@ -317,7 +318,8 @@ pub async fn execute(
                 admin_access,
             } => match create_unless_committed(ctx, pod, &entry, &claim).await {
                 Ok(claim) => {
-                    ctx.metrics.record_create(true, admin_access);
+                    ctx.metrics
+                        .record_create(true, admin_access, ClaimOwner::POD);
                     info!(entry = %entry, claim = %claim.name(), "created claim");
                     record.insert(entry, Some(claim.name().to_string()));
                     created.push(claim.name().to_string());
@@ -325,7 +327,8 @@ pub async fn execute(
                     changed = true;
                 }
                 Err(err) => {
-                    ctx.metrics.record_create(false, admin_access);
+                    ctx.metrics
+                        .record_create(false, admin_access, ClaimOwner::POD);
                     if may_have_committed(&err) {
                         ctx.caches.mark_uncertain_create(pod.uid(), &entry);
                     }
