@@ -299,6 +299,7 @@ fn schema_rejects_bad_flag_values() {
         ("grafanaDashboard.sidecarLabel", "bad label"),
         ("prometheusRule.alerts.noLeader.for", "two minutes"),
         ("prescheduledPods.policy.failurePolicy", "Maybe"),
+        ("metrics.naming", "1.38"),
         ("prometheusRule.alerts.leakedAllocations.for", "a while"),
     ] {
         let err = render_err_or_skip!(&[(key, value)]);
@@ -714,6 +715,7 @@ fn expected_args(values: &Value) -> Vec<String> {
             str_of(&values["health"]["bindHost"]),
             str_of(&values["health"]["port"])
         ),
+        format!("--metrics-naming={}", str_of(&values["metrics"]["naming"])),
         format!("--shutdown-timeout={}", str_of(&values["shutdownTimeout"])),
         format!("--log-format={}", str_of(&values["logging"]["format"])),
         format!("--log-level={}", str_of(&values["logging"]["level"])),
@@ -748,6 +750,7 @@ fn args_carry_every_flag_from_values() {
         "--leader-elect-resource-namespace=dra-system",
         "--metrics-bind-address=:8080",
         "--health-probe-bind-address=:8081",
+        "--metrics-naming=both",
         "--shutdown-timeout=20s",
         "--log-format=json",
         "--log-level=info",
@@ -776,6 +779,7 @@ replicas: 1
 metrics:
   bindHost: 127.0.0.1
   port: 9090
+  naming: "1.37"
 health:
   port: 9091
 shutdownTimeout: 45s
@@ -800,6 +804,7 @@ extraArgs:
         "--leader-elect=false",
         "--metrics-bind-address=127.0.0.1:9090",
         "--health-probe-bind-address=:9091",
+        "--metrics-naming=1.37",
         "--shutdown-timeout=45s",
         "--log-format=text",
         "--log-level=info,dra_claim_controller=debug",
