@@ -136,12 +136,18 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             "--feature-gates: ignoring kube-controller-manager gates that do not concern the claim controller"
         );
     }
+    let pod_group_api = if args.feature_gates.gates.workload_resource_claims {
+        Some(crate::controllers::resourceclaim::podgroup::discover_api(&client).await?)
+    } else {
+        None
+    };
     let controller = Controller::new(
         client.clone(),
         args.feature_gates.gates,
         &registry,
         &identity,
         args.metrics_naming,
+        pod_group_api,
     )?;
     tokio::spawn(controller.clone().run_watches());
     tokio::spawn(controller.clone().run_resync(args.min_resync_period.0));

@@ -49,7 +49,7 @@ pub struct Args {
     )]
     pub concurrent_syncs: u32,
 
-    /// Feature gates, as Name=true|false pairs. Acted on: DRAAdminAccess, DRAPrioritizedList, DRAExtendedResource (all on by default, as in Kubernetes 1.36). kube-controller-manager's other gates are accepted and ignored, so its flag value can be copied; WorkloadResourceClaims=true is refused (PodGroup claims are not supported yet).
+    /// Feature gates, as Name=true|false pairs. Acted on: DRAAdminAccess, DRAPrioritizedList, DRAExtendedResource (on by default, as in Kubernetes 1.36) and DRAWorkloadResourceClaims (alpha, off: PodGroup claims; needs scheduling.k8s.io v1alpha2 or v1alpha3 served). kube-controller-manager's other gates are accepted and ignored, so its flag value can be copied.
     #[arg(long, default_value = "", value_parser = parse_gates)]
     pub feature_gates: FeatureGateFlag,
 

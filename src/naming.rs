@@ -130,6 +130,27 @@ pub fn controlling_pod(owners: &[OwnerReference]) -> Option<(&str, &str)> {
         .map(|o| (o.name.as_str(), o.uid.as_str()))
 }
 
+/// Whether a PodGroup named `group` (any `scheduling.k8s.io` version)
+/// controls the claim: then it is the claim of that group's member pods.
+/// By name, as kube-controller-manager matches it.
+pub fn is_controlled_by_pod_group(owners: &[OwnerReference], group: &str) -> bool {
+    controller_of(owners).is_some_and(|o| {
+        o.kind == "PodGroup" && o.api_version.starts_with("scheduling.k8s.io/") && o.name == group
+    })
+}
+
+/// The owner reference a PodGroup's generated claim gets.
+pub fn pod_group_owner_reference(api_version: &str, name: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: api_version.into(),
+        kind: "PodGroup".into(),
+        name: name.into(),
+        uid: uid.into(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
 /// The owner reference a generated claim gets.
 pub fn pod_owner_reference(pod_name: &str, pod_uid: &str) -> OwnerReference {
     OwnerReference {

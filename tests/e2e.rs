@@ -32,6 +32,8 @@ mod faults_input;
 mod faults_races;
 #[path = "e2e/faults_restarts.rs"]
 mod faults_restarts;
+#[path = "e2e/podgroups.rs"]
+mod podgroups;
 #[path = "e2e/prescheduled_policy.rs"]
 mod prescheduled_policy;
 

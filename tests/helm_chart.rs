@@ -1379,3 +1379,35 @@ fn notes_explain_the_prescheduled_policy_when_on() {
         .unwrap();
     assert!(!off.contains("Pre-scheduled pods policy"), "{off}");
 }
+
+/// PodGroup access only with DRAWorkloadResourceClaims on.
+#[test]
+fn podgroup_rules_only_with_the_gate() {
+    let on = render_or_skip!(&[(
+        "featureGates",
+        r"DRAAdminAccess=true\,DRAWorkloadResourceClaims=true"
+    )]);
+    let binding = one_of_kind(&on, "ClusterRoleBinding");
+    let role = all_of_kind(&on, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == binding["roleRef"]["name"])
+        .unwrap();
+    let mut expected = expected_cluster_rules();
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    expected.insert(
+        ("scheduling.k8s.io".into(), "podgroups".into()),
+        set(&["get", "list", "watch"]),
+    );
+    expected.insert(
+        ("scheduling.k8s.io".into(), "podgroups/status".into()),
+        set(&["patch"]),
+    );
+    assert_eq!(rules_by_resource(role), expected);
+    let off = render_or_skip!(&[("featureGates", "DRAWorkloadResourceClaims=false")]);
+    let binding = one_of_kind(&off, "ClusterRoleBinding");
+    let role = all_of_kind(&off, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == binding["roleRef"]["name"])
+        .unwrap();
+    assert_eq!(rules_by_resource(role), expected_cluster_rules());
+}

@@ -125,8 +125,22 @@ pub struct Cluster {
     tempdir: Option<tempfile::TempDir>,
 }
 
+/// What a test needs of its API server beyond the default: more feature
+/// gates, more API versions (alpha APIs).
+#[derive(Debug, Clone, Default)]
+pub struct ApiserverOptions {
+    /// Added to `--feature-gates` (e.g. `WorkloadResourceClaims=true`).
+    pub feature_gates: Vec<String>,
+    /// Added to `--runtime-config` (e.g. `scheduling.k8s.io/v1alpha2=true`).
+    pub runtime_config: Vec<String>,
+}
+
 impl Cluster {
     pub async fn start(bins: &Binaries) -> anyhow::Result<Self> {
+        Self::start_with(bins, &ApiserverOptions::default()).await
+    }
+
+    pub async fn start_with(bins: &Binaries, options: &ApiserverOptions) -> anyhow::Result<Self> {
         let started = Instant::now();
         let tempdir = tempfile::Builder::new().prefix("dra-e2e-").tempdir()?;
         let dir = tempdir.path().to_path_buf();
@@ -140,7 +154,7 @@ impl Cluster {
 
         let (etcd, etcd_url) = start_etcd(bins, &dir).await?;
         let (apiserver, url, admin_kubeconfig) =
-            start_apiserver(bins, &dir, &pki, &tokens, &etcd_url, &admin_token).await?;
+            start_apiserver(bins, &dir, &pki, &tokens, &etcd_url, &admin_token, options).await?;
 
         // The controller's own identity: chart RBAC, SA token, kubeconfig.
         let admin = client_from(&admin_kubeconfig).await?;
@@ -346,8 +360,18 @@ async fn start_apiserver(
     tokens: &Path,
     etcd_url: &str,
     admin_token: &str,
+    options: &ApiserverOptions,
 ) -> anyhow::Result<(Proc, String, PathBuf)> {
     let gates = std::env::var(APISERVER_GATES_ENV).unwrap_or_else(|_| APISERVER_GATES.to_string());
+    let gates = std::iter::once(gates)
+        .chain(options.feature_gates.iter().cloned())
+        .filter(|g| !g.is_empty())
+        .collect::<Vec<_>>()
+        .join(",");
+    let runtime_config = std::iter::once("resource.k8s.io/v1=true".to_string())
+        .chain(options.runtime_config.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(",");
     let mut last_err = anyhow!("kube-apiserver never started");
     for _ in 0..3 {
         let port = free_port();
@@ -368,7 +392,7 @@ async fn start_apiserver(
             format!("--service-account-key-file={}", p(&pki.sa_pub)),
             format!("--service-account-signing-key-file={}", p(&pki.sa_key)),
             "--service-cluster-ip-range=10.0.0.0/24".into(),
-            "--runtime-config=resource.k8s.io/v1=true".into(),
+            format!("--runtime-config={runtime_config}"),
             // No kube-controller-manager runs, so no namespace ever gets its
             // "default" ServiceAccount; without this every pod is refused.
             "--disable-admission-plugins=ServiceAccount".into(),

@@ -152,11 +152,27 @@ impl TestCtx {
         opts: ControllerOpts,
         controllers: usize,
     ) -> Option<Self> {
+        Self::isolated_with(
+            name,
+            opts,
+            controllers,
+            &cluster::ApiserverOptions::default(),
+        )
+        .await
+    }
+
+    /// [`TestCtx::isolated`] with an API server started with `apiserver`.
+    pub async fn isolated_with(
+        name: &'static str,
+        opts: ControllerOpts,
+        controllers: usize,
+        apiserver: &cluster::ApiserverOptions,
+    ) -> Option<Self> {
         let Some(bins) = cluster::binaries() else {
             skip(name);
             return None;
         };
-        let cluster = Cluster::start(&bins)
+        let cluster = Cluster::start_with(&bins, apiserver)
             .await
             .unwrap_or_else(|e| panic!("{name}: API server failed to start: {e:#}"));
         let client = cluster.admin_client().await.expect("admin client");

@@ -187,6 +187,40 @@ pub async fn apply(client: &kube::Client, rbac: &Rbac) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Re-applies the chart's RBAC rendered with `set` over what the cluster
+/// has (server-side apply), e.g. with a feature gate that grants more.
+pub async fn reapply_controller_rbac(
+    client: &kube::Client,
+    set: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    let yaml = helm::render_rbac(RELEASE, SYSTEM_NAMESPACE, set)
+        .map_err(|e| anyhow!(e))?
+        .context("Helm is not available to render the chart's RBAC")?;
+    for doc in from_chart(&yaml)?.docs {
+        let (ar, namespaced) = api_resource(&doc)?;
+        let obj: DynamicObject = serde_json::from_value(doc.clone())?;
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let api: Api<DynamicObject> = if namespaced {
+            let ns = obj
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| SYSTEM_NAMESPACE.to_string());
+            Api::namespaced_with(client.clone(), &ns, &ar)
+        } else {
+            Api::all_with(client.clone(), &ar)
+        };
+        api.patch(
+            &name,
+            &kube::api::PatchParams::apply("e2e").force(),
+            &kube::api::Patch::Apply(&doc),
+        )
+        .await
+        .with_context(|| format!("apply {} {name}", ar.kind))?;
+    }
+    Ok(())
+}
+
 /// The chart's read-only ClusterRole for `drain-check` and `audit`.
 pub const INSPECTOR_ROLE: &str = "dra-claim-controller-inspector";
 

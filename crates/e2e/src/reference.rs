@@ -32,6 +32,15 @@ pub struct Reference {
 impl Reference {
     /// Starts it and waits until its secure port answers `/healthz` with `ok`.
     pub async fn start(binary: &Path, cluster: &Cluster) -> anyhow::Result<Self> {
+        Self::start_with_gates(binary, cluster, "").await
+    }
+
+    /// [`Reference::start`] with these `--feature-gates` besides the DRA ones.
+    pub async fn start_with_gates(
+        binary: &Path,
+        cluster: &Cluster,
+        gates: &str,
+    ) -> anyhow::Result<Self> {
         let mut last_err = anyhow::anyhow!("kube-controller-manager never started");
         // The port is picked before the process binds it: retry if another
         // process took it meanwhile.
@@ -43,7 +52,7 @@ impl Reference {
             let proc = Proc::spawn(
                 "kube-controller-manager",
                 binary,
-                &flags(cluster, port),
+                &flags(cluster, port, gates),
                 &log,
             )?;
             match wait_healthy(&proc, port).await {
@@ -79,8 +88,11 @@ pub fn base_flags(cluster: &Cluster, port: u16) -> Vec<String> {
     ]
 }
 
-fn flags(cluster: &Cluster, port: u16) -> Vec<String> {
+fn flags(cluster: &Cluster, port: u16, gates: &str) -> Vec<String> {
     let mut flags = base_flags(cluster, port);
+    if !gates.is_empty() {
+        flags.push(format!("--feature-gates={gates}"));
+    }
     flags.extend([
         // Same budget as ours in the e2e harness, so neither waits on its
         // client rate limiter.

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use super::views::{ClaimView, PodView, TemplateView};
-use crate::naming::{controlling_pod, resolve_claim};
+use super::views::{ClaimView, PodGroupApi, PodGroupView, PodView, TemplateView};
+use crate::naming::{controller_of, resolve_claim};
 
 /// `namespace/name`.
 pub fn object_key(namespace: &str, name: &str) -> String {
@@ -149,6 +149,9 @@ impl<K> Store<K> {
 pub const PODS_BY_CLAIM: &str = "pods-by-claim";
 pub const PODS_BY_TEMPLATE: &str = "pods-by-template";
 pub const CLAIMS_BY_OWNER_UID: &str = "claims-by-owner-uid";
+pub const PODS_BY_GROUP: &str = "pods-by-group";
+pub const GROUPS_BY_TEMPLATE: &str = "groups-by-template";
+pub const GROUPS_BY_CLAIM: &str = "groups-by-claim";
 
 /// `namespace/claim` for every claim the pod resolves to, the
 /// extended-resource claim included.
@@ -181,10 +184,53 @@ fn pod_template_index(pod: &PodView) -> Vec<String> {
     keys
 }
 
+/// The UID of the claim's controller owner: a pod, or a PodGroup (UIDs
+/// are unique across kinds, so one index serves both).
 fn claim_owner_index(claim: &ClaimView) -> Vec<String> {
-    controlling_pod(claim.owner_references())
-        .map(|(_, uid)| vec![uid.to_string()])
+    controller_of(claim.owner_references())
+        .map(|o| vec![o.uid.clone()])
         .unwrap_or_default()
+}
+
+/// `namespace/group` of the PodGroup a pod belongs to.
+fn pod_group_index(pod: &PodView) -> Vec<String> {
+    pod.pod_group_name()
+        .map(|g| vec![object_key(pod.namespace(), g)])
+        .unwrap_or_default()
+}
+
+fn group_template_index(group: &PodGroupView) -> Vec<String> {
+    let mut keys: Vec<String> = group
+        .spec
+        .resource_claims
+        .iter()
+        .filter_map(|e| e.resource_claim_template_name.as_deref())
+        .map(|t| object_key(group.namespace(), t))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// Every claim a PodGroup names: directly, or recorded in its status.
+fn group_claim_index(group: &PodGroupView) -> Vec<String> {
+    let mut keys: Vec<String> = group
+        .spec
+        .resource_claims
+        .iter()
+        .filter_map(|e| e.resource_claim_name.as_deref())
+        .chain(
+            group
+                .status
+                .resource_claim_statuses
+                .iter()
+                .filter_map(|s| s.resource_claim_name.as_deref()),
+        )
+        .map(|c| object_key(group.namespace(), c))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
 }
 
 /// How long a claim created by this process is remembered while the watch
@@ -196,6 +242,12 @@ pub struct Caches {
     pub pods: Store<PodView>,
     pub claims: Store<ClaimView>,
     pub templates: Store<TemplateView>,
+    /// PodGroups, with DRAWorkloadResourceClaims on (empty otherwise).
+    pub pod_groups: Store<PodGroupView>,
+    /// UIDs of PodGroups seen deleted recently.
+    pub deleted_pod_groups: RecentSet<String>,
+    /// The PodGroup API served, when DRAWorkloadResourceClaims is on.
+    pod_group_api: Option<PodGroupApi>,
     /// Claims this process created that the claim watch has not shown yet.
     created: Mutex<HashMap<String, (Arc<ClaimView>, Instant)>>,
     /// UIDs of pods seen deleted recently.
@@ -223,18 +275,59 @@ impl Caches {
             pods: Store::new(vec![
                 (PODS_BY_CLAIM, pod_claim_index as IndexFn<PodView>),
                 (PODS_BY_TEMPLATE, pod_template_index),
+                (PODS_BY_GROUP, pod_group_index),
             ]),
             claims: Store::new(vec![(
                 CLAIMS_BY_OWNER_UID,
                 claim_owner_index as IndexFn<ClaimView>,
             )]),
             templates: Store::new(Vec::new()),
+            pod_groups: Store::new(vec![
+                (
+                    GROUPS_BY_TEMPLATE,
+                    group_template_index as IndexFn<PodGroupView>,
+                ),
+                (GROUPS_BY_CLAIM, group_claim_index),
+            ]),
+            deleted_pod_groups: RecentSet::new(500),
+            pod_group_api: None,
             created: Mutex::new(HashMap::new()),
             deleted_pods: RecentSet::new(500),
             uncertain_creates: RecentSet::new(10_000),
             missing_reported: RecentSet::new(10_000),
             synced: AtomicBool::new(false),
         }
+    }
+
+    /// Caches for a controller that serves PodGroups at `api`.
+    pub fn with_pod_groups(api: PodGroupApi) -> Self {
+        Caches {
+            pod_group_api: Some(api),
+            ..Caches::new()
+        }
+    }
+
+    /// Whether PodGroup claims are served (DRAWorkloadResourceClaims).
+    pub fn pod_groups_enabled(&self) -> bool {
+        self.pod_group_api.is_some()
+    }
+
+    pub fn pod_group_api(&self) -> Option<&PodGroupApi> {
+        self.pod_group_api.as_ref()
+    }
+
+    /// The cached PodGroup a pod belongs to, when PodGroups are served and
+    /// the pod names one: `Some(Err(name))` when it is not cached.
+    pub fn pod_group_of(&self, pod: &PodView) -> Option<Result<Arc<PodGroupView>, String>> {
+        if !self.pod_groups_enabled() {
+            return None;
+        }
+        let name = pod.pod_group_name()?;
+        Some(
+            self.pod_groups
+                .get(&object_key(pod.namespace(), name))
+                .ok_or_else(|| name.to_string()),
+        )
     }
 
     pub fn mark_synced(&self) {

@@ -63,11 +63,19 @@ pub enum ClaimDecision {
     /// These pods are in neither the cache nor the deleted set: ask the API
     /// server, then decide again with the answers.
     NeedLiveLookup(Vec<(String, String)>),
+    /// As `NeedLiveLookup`, for PodGroups (DRAWorkloadResourceClaims on).
+    NeedGroupLookup(Vec<(String, String)>),
     Act(ClaimActions),
 }
 
 fn is_pod_consumer(r: &ResourceClaimConsumerReference) -> bool {
     r.api_group.as_deref().unwrap_or_default().is_empty() && r.resource == "pods"
+}
+
+/// A `reservedFor` entry naming a PodGroup.
+pub fn is_pod_group_consumer(r: &ResourceClaimConsumerReference) -> bool {
+    r.api_group.as_deref() == Some(super::views::PodGroupApi::GROUP)
+        && r.resource == super::views::PodGroupApi::PLURAL
 }
 
 /// Decides claim work. `live` holds answers for pods by UID.
@@ -80,7 +88,31 @@ pub fn decide(
     let reserved = &claim.status.reserved_for;
     let mut remaining = Vec::with_capacity(reserved.len());
     let mut lookups = Vec::new();
+    let mut group_lookups = Vec::new();
     for consumer in reserved.iter() {
+        if caches.pod_groups_enabled() && is_pod_group_consumer(consumer) {
+            // A PodGroup keeps its reservation until it is gone: deleted,
+            // or replaced by another of the same name (a group has no
+            // "done"; a terminating one may still have running members).
+            let keep = if caches.deleted_pod_groups.contains(&consumer.uid) {
+                false
+            } else if let Some(group) = caches.pod_groups.get(&object_key(ns, &consumer.name)) {
+                group.uid() == consumer.uid
+            } else {
+                match live.get(&consumer.uid) {
+                    Some(LivePod::Gone | LivePod::Done) => false,
+                    Some(LivePod::Active) => true,
+                    None => {
+                        group_lookups.push((consumer.name.clone(), consumer.uid.clone()));
+                        true
+                    }
+                }
+            };
+            if keep {
+                remaining.push(consumer.clone());
+            }
+            continue;
+        }
         if !is_pod_consumer(consumer) {
             // Other consumer kinds are someone else's business: keep them.
             remaining.push(consumer.clone());
@@ -106,6 +138,9 @@ pub fn decide(
     }
     if !lookups.is_empty() {
         return ClaimDecision::NeedLiveLookup(lookups);
+    }
+    if !group_lookups.is_empty() {
+        return ClaimDecision::NeedGroupLookup(group_lookups);
     }
 
     let protected = claim
@@ -141,7 +176,7 @@ pub fn decide(
 /// can tell).
 pub fn needs_work(claim: &ClaimView, caches: &Caches) -> bool {
     match decide(claim, caches, &HashMap::new()) {
-        ClaimDecision::NeedLiveLookup(_) => true,
+        ClaimDecision::NeedLiveLookup(_) | ClaimDecision::NeedGroupLookup(_) => true,
         ClaimDecision::Act(actions) => actions != ClaimActions::default(),
     }
 }
@@ -158,6 +193,13 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> Result<(), SyncError> 
                 for (pod_name, uid) in pods {
                     let state = lookup_pod(ctx, &ns, &pod_name, &uid).await?;
                     debug!(pod = %pod_name, ?state, "checked reserved pod with the API server");
+                    live.insert(uid, state);
+                }
+            }
+            ClaimDecision::NeedGroupLookup(groups) => {
+                for (group_name, uid) in groups {
+                    let state = lookup_pod_group(ctx, &ns, &group_name, &uid).await?;
+                    debug!(podgroup = %group_name, ?state, "checked reserved PodGroup with the API server");
                     live.insert(uid, state);
                 }
             }
@@ -225,6 +267,25 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> Result<(), SyncError> 
         }
     }
     Ok(())
+}
+
+async fn lookup_pod_group(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    uid: &str,
+) -> Result<LivePod, SyncError> {
+    let Some(api) = ctx.caches.pod_group_api() else {
+        return Ok(LivePod::Active);
+    };
+    let groups: Api<super::views::PodGroupView> = Api::namespaced_with(ctx.client.clone(), ns, api);
+    let group = groups.get_opt(name).await.map_err(kube_err(format_args!(
+        "looking up PodGroup {ns}/{name} reserved in a claim"
+    )))?;
+    Ok(match group {
+        Some(g) if g.uid() == uid => LivePod::Active,
+        _ => LivePod::Gone,
+    })
 }
 
 async fn lookup_pod(ctx: &Context, ns: &str, name: &str, uid: &str) -> Result<LivePod, SyncError> {

@@ -189,7 +189,7 @@ fn pod_work_table() {
     let gates_off = FeatureGates {
         admin_access: false,
         prioritized_list: false,
-        extended_resource: true,
+        ..FeatureGates::default()
     };
     let admin_template = template(
         json!([{"name": "req-0", "exactly": {"deviceClassName": "c", "adminAccess": true}}]),

@@ -10,8 +10,19 @@ use crate::naming::{ClaimResolution, resolve_claim};
 /// A unit of work: a pod or a claim, by namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum WorkKey {
-    Pod { namespace: String, name: String },
-    Claim { namespace: String, name: String },
+    Pod {
+        namespace: String,
+        name: String,
+    },
+    Claim {
+        namespace: String,
+        name: String,
+    },
+    /// DRAWorkloadResourceClaims: a PodGroup's claims.
+    PodGroup {
+        namespace: String,
+        name: String,
+    },
 }
 
 impl WorkKey {
@@ -27,15 +38,22 @@ impl WorkKey {
             name: name.into(),
         }
     }
+    pub fn pod_group(namespace: &str, name: &str) -> Self {
+        WorkKey::PodGroup {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
 }
 
 /// Same spelling as kube-controller-manager's keys (`pod:ns/name`,
-/// `claim:ns/name`), so logs of both can be compared.
+/// `claim:ns/name`, `podgroup:ns/name`), so logs of both can be compared.
 impl fmt::Display for WorkKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             WorkKey::Pod { namespace, name } => write!(f, "pod:{namespace}/{name}"),
             WorkKey::Claim { namespace, name } => write!(f, "claim:{namespace}/{name}"),
+            WorkKey::PodGroup { namespace, name } => write!(f, "podgroup:{namespace}/{name}"),
         }
     }
 }
@@ -65,6 +83,11 @@ pub fn pod_needs_work(pod: &PodView, caches: &Caches) -> Result<&'static str, &'
         // The reference controller would re-create claims for done pods
         // whose claims are gone; a pod that will not run needs none.
         return Err("pod is done");
+    }
+    if caches.pod_group_of(pod).is_some() {
+        // Group members are few (alpha feature) and their entries resolve
+        // through the group: let pod work decide, from the caches.
+        return Ok("member of a PodGroup");
     }
     let statuses = &pod.status.resource_claim_statuses;
     for entry in &pod.spec.resource_claims {

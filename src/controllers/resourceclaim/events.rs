@@ -41,6 +41,17 @@ pub struct EventRecorder {
     seen: Mutex<HashMap<(String, String, String), Seen>>,
 }
 
+/// The object an event is about.
+#[derive(Debug, Clone)]
+pub struct Involved<'a> {
+    pub api_version: String,
+    pub kind: &'static str,
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub uid: &'a str,
+    pub resource_version: Option<&'a str>,
+}
+
 impl EventRecorder {
     pub fn new(client: kube::Client, host: String) -> Self {
         EventRecorder {
@@ -60,17 +71,27 @@ impl EventRecorder {
     }
 
     pub async fn warn(&self, pod: &PodView, reason: &str, message: &str) {
+        let involved = Involved {
+            api_version: "v1".into(),
+            kind: "Pod",
+            name: pod.name(),
+            namespace: pod.namespace(),
+            uid: pod.uid(),
+            resource_version: pod.metadata.resource_version.as_deref(),
+        };
+        self.warn_about(&involved, reason, message).await
+    }
+
+    /// A Warning event about any object.
+    pub async fn warn_about(&self, involved: &Involved<'_>, reason: &str, message: &str) {
         let Some(client) = &self.client else {
             debug!(reason, message, "event (not sent)");
             return;
         };
-        let ns = pod.namespace().to_string();
+        let pod = involved;
+        let ns = pod.namespace.to_string();
         let api: Api<Event> = Api::namespaced(client.clone(), &ns);
-        let key = (
-            pod.uid().to_string(),
-            reason.to_string(),
-            message.to_string(),
-        );
+        let key = (pod.uid.to_string(), reason.to_string(), message.to_string());
         let repeat = {
             let mut seen = self.seen.lock().unwrap();
             if seen.len() >= MAX_REMEMBERED {
@@ -101,7 +122,7 @@ impl EventRecorder {
                 }
             }
         }
-        let event_name = format!("{}.{:x}", pod.name(), now.0.as_nanosecond());
+        let event_name = format!("{}.{:x}", pod.name, now.0.as_nanosecond());
         let event = Event {
             metadata: ObjectMeta {
                 name: Some(event_name.clone()),
@@ -109,12 +130,12 @@ impl EventRecorder {
                 ..Default::default()
             },
             involved_object: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(pod.name().into()),
+                api_version: Some(pod.api_version.clone()),
+                kind: Some(pod.kind.into()),
+                name: Some(pod.name.into()),
                 namespace: Some(ns.clone()),
-                uid: Some(pod.uid().into()),
-                resource_version: pod.metadata.resource_version.clone(),
+                uid: Some(pod.uid.into()),
+                resource_version: pod.resource_version.map(str::to_string),
                 ..Default::default()
             },
             reason: Some(reason.into()),

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// The gates this controller knows. All three are on by default in 1.36.
+/// The gates this controller knows, with Kubernetes 1.36's defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FeatureGates {
     /// `DRAAdminAccess`: templates may request `adminAccess`.
@@ -16,6 +16,10 @@ pub struct FeatureGates {
     /// claim made while it was on still needs cleanup), so today the gate is
     /// accepted for compatibility with kube-controller-manager's flag.
     pub extended_resource: bool,
+    /// `DRAWorkloadResourceClaims` (alpha, off): PodGroups
+    /// (`scheduling.k8s.io`) get claims of their own from templates, member
+    /// pods use them, and `reservedFor` may name a PodGroup.
+    pub workload_resource_claims: bool,
 }
 
 impl Default for FeatureGates {
@@ -24,20 +28,20 @@ impl Default for FeatureGates {
             admin_access: true,
             prioritized_list: true,
             extended_resource: true,
+            workload_resource_claims: false,
         }
     }
 }
 
-const KNOWN: [&str; 3] = [
+const KNOWN: [&str; 4] = [
     "DRAAdminAccess",
     "DRAPrioritizedList",
     "DRAExtendedResource",
+    "DRAWorkloadResourceClaims",
 ];
 
-/// PodGroup claims (KEP-5729): kube-controller-manager's claim controller
-/// also serves PodGroups with it on. Not supported yet, so turning it on is
-/// refused rather than silently doing less than the reference. 1.36 spells
-/// it `DRAWorkloadResourceClaims`; the KEP's shorter name is taken too.
+/// PodGroup claims (KEP-5729). 1.36 spells the gate
+/// `DRAWorkloadResourceClaims`; the KEP's shorter name is taken too.
 const WORKLOAD_RESOURCE_CLAIMS: [&str; 2] = ["DRAWorkloadResourceClaims", "WorkloadResourceClaims"];
 
 /// Every gate name kube-controller-manager 1.36 accepts (its
@@ -82,16 +86,8 @@ impl FromStr for FeatureGateFlag {
                 "DRAAdminAccess" => flag.gates.admin_access = value,
                 "DRAPrioritizedList" => flag.gates.prioritized_list = value,
                 "DRAExtendedResource" => flag.gates.extended_resource = value,
-                _ if WORKLOAD_RESOURCE_CLAIMS.contains(&name) && value => {
-                    return Err(format!(
-                        "--feature-gates: {name}=true is not supported yet: this controller does \
-                         not create or clean up PodGroup claims. Remove it (or set it to false), \
-                         and keep kube-controller-manager's resourceclaim-controller where \
-                         PodGroup claims are needed"
-                    ));
-                }
                 _ if WORKLOAD_RESOURCE_CLAIMS.contains(&name) => {
-                    flag.ignored.push(name.to_string())
+                    flag.gates.workload_resource_claims = value
                 }
                 other if is_kube_controller_manager_gate(other) => {
                     if !flag.ignored.iter().any(|n| n == other) {
@@ -124,8 +120,11 @@ impl fmt::Display for FeatureGates {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "DRAAdminAccess={},DRAPrioritizedList={},DRAExtendedResource={}",
-            self.admin_access, self.prioritized_list, self.extended_resource
+            "DRAAdminAccess={},DRAPrioritizedList={},DRAExtendedResource={},DRAWorkloadResourceClaims={}",
+            self.admin_access,
+            self.prioritized_list,
+            self.extended_resource,
+            self.workload_resource_claims
         )
     }
 }
@@ -177,6 +176,7 @@ mod tests {
             admin_access: false,
             prioritized_list: true,
             extended_resource: false,
+            workload_resource_claims: true,
         };
         assert_eq!(gates.to_string().parse::<FeatureGates>(), Ok(gates));
     }
@@ -191,12 +191,14 @@ mod tests {
         assert_eq!(flag.ignored, ["JobPodReplacementPolicy", "AllAlpha"]);
         for name in WORKLOAD_RESOURCE_CLAIMS {
             let off: FeatureGateFlag = format!("{name}=false").parse().unwrap();
-            assert_eq!(off.ignored, [name]);
-            let err = format!("{name}=true")
-                .parse::<FeatureGateFlag>()
-                .unwrap_err();
-            assert!(err.contains(name) && err.contains("not supported"), "{err}");
+            assert!(!off.gates.workload_resource_claims && off.ignored.is_empty());
+            let on: FeatureGateFlag = format!("{name}=true").parse().unwrap();
+            assert!(on.gates.workload_resource_claims, "{name}");
         }
+        assert!(
+            !FeatureGates::default().workload_resource_claims,
+            "alpha: off by default"
+        );
     }
 
     #[test]
@@ -205,10 +207,7 @@ mod tests {
             .lines()
             .map(str::trim)
             .collect();
-        for gate in KNOWN
-            .iter()
-            .chain(&["DRAWorkloadResourceClaims", "AllAlpha", "AllBeta"])
-        {
+        for gate in KNOWN.iter().chain(&["AllAlpha", "AllBeta"]) {
             assert!(names.contains(gate), "{gate} missing from the list");
         }
         assert!(

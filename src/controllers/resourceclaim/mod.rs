@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod observe;
 pub mod patch;
 pub mod pod;
+pub mod podgroup;
 pub mod views;
 
 mod resync;
@@ -30,6 +31,8 @@ mod worker;
 mod decision_tests;
 #[cfg(test)]
 mod execute_tests;
+#[cfg(test)]
+mod podgroup_tests;
 #[cfg(test)]
 mod test_support;
 
@@ -64,6 +67,8 @@ pub struct Controller {
     pods: Informer,
     claims: Informer,
     templates: Informer,
+    /// With DRAWorkloadResourceClaims only.
+    pod_groups: Option<Informer>,
 }
 
 impl Controller {
@@ -73,8 +78,13 @@ impl Controller {
         registry: &prometheus::Registry,
         identity: &str,
         metrics_naming: MetricsNaming,
+        pod_group_api: Option<views::PodGroupApi>,
     ) -> anyhow::Result<Arc<Self>> {
-        let caches = Arc::new(Caches::new());
+        let with_groups = pod_group_api.is_some();
+        let caches = Arc::new(match pod_group_api {
+            Some(api) => Caches::with_pod_groups(api),
+            None => Caches::new(),
+        });
         let metrics = ControllerMetrics::register(registry, caches.clone(), metrics_naming)?;
         let ctx = Arc::new(Context {
             events: EventRecorder::new(client.clone(), identity.to_string()),
@@ -91,6 +101,7 @@ impl Controller {
             pods: Informer::new("pods"),
             claims: Informer::new("resourceclaims"),
             templates: Informer::new("resourceclaimtemplates"),
+            pod_groups: with_groups.then(|| Informer::new("podgroups")),
         }))
     }
 
@@ -113,21 +124,40 @@ impl Controller {
         self.pods.wait_synced().await;
         self.claims.wait_synced().await;
         self.templates.wait_synced().await;
+        if let Some(groups) = &self.pod_groups {
+            groups.wait_synced().await;
+        }
         self.ctx.caches.mark_synced();
     }
 
     pub fn is_synced(&self) -> bool {
-        self.pods.is_synced() && self.claims.is_synced() && self.templates.is_synced()
+        self.pods.is_synced()
+            && self.claims.is_synced()
+            && self.templates.is_synced()
+            && self.pod_groups.as_ref().is_none_or(Informer::is_synced)
     }
 
     /// Runs the three watches until the process ends.
     pub async fn run_watches(self: Arc<Self>) {
         let client = self.ctx.client.clone();
         let this = &*self;
+        let groups = async {
+            if let (Some(informer), Some(api)) = (&this.pod_groups, this.ctx.caches.pod_group_api())
+            {
+                informer
+                    .run(
+                        Api::<views::PodGroupView>::all_with(client.clone(), api),
+                        this,
+                    )
+                    .await
+            }
+        };
         tokio::join!(
             this.pods.run(Api::<PodView>::all(client.clone()), this),
             this.claims.run(Api::<ClaimView>::all(client.clone()), this),
-            this.templates.run(Api::<TemplateView>::all(client), this),
+            this.templates
+                .run(Api::<TemplateView>::all(client.clone()), this),
+            groups,
         );
     }
 
@@ -159,9 +189,17 @@ impl Controller {
                 pods += 1;
             }
         }
+        let mut groups = 0;
+        for group in caches.pod_groups.list() {
+            if podgroup::needs_work(&group, caches) {
+                self.queue
+                    .add(WorkKey::pod_group(group.namespace(), group.name()));
+                groups += 1;
+            }
+        }
         info!(
             claims,
-            pods, "leading: queued every claim and every pod that needs work"
+            pods, groups, "leading: queued every claim and every pod and PodGroup that needs work"
         );
     }
 

@@ -21,6 +21,16 @@ pub fn pod_consumer(name: &str, uid: &str) -> ResourceClaimConsumerReference {
     }
 }
 
+/// The `reservedFor` entry of a PodGroup.
+pub fn pod_group_consumer(name: &str, uid: &str) -> ResourceClaimConsumerReference {
+    ResourceClaimConsumerReference {
+        api_group: Some(super::views::PodGroupApi::GROUP.into()),
+        resource: super::views::PodGroupApi::PLURAL.into(),
+        name: name.into(),
+        uid: uid.into(),
+    }
+}
+
 fn to_patch(ops: Value) -> json_patch::Patch {
     serde_json::from_value(ops).expect("patch operations are well-formed by construction")
 }

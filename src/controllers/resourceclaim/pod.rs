@@ -19,11 +19,11 @@ use super::context::{Context, Synced};
 use super::error::{SyncError, kube_err};
 use super::metrics::ClaimOwner;
 use super::patch;
-use super::views::{ClaimView, PodView, TemplateView};
+use super::views::{ClaimView, PodGroupView, PodView, TemplateView};
 use crate::controllers::resourceclaim::features::FeatureGates;
 use crate::naming::{
     ClaimResolution, FIELD_MANAGER, POD_CLAIM_NAME_ANNOTATION, generate_name, is_controlled_by,
-    pod_owner_reference, resolve_claim,
+    is_controlled_by_pod_group, pod_owner_reference, resolve_claim,
 };
 
 /// Event reason for a claim that could not be created (same as kube-controller-manager's).
@@ -107,7 +107,27 @@ pub fn decide(pod: &PodView, caches: &Caches, gates: FeatureGates) -> PodDecisio
         .iter()
         .map(|s| (s.name.clone(), s.resource_claim_name.clone()))
         .collect();
+    // With DRAWorkloadResourceClaims, a member of a PodGroup uses the
+    // group's claims for entries that match the group's exactly.
+    let group = match caches.pod_group_of(pod) {
+        None => None,
+        Some(Ok(group)) => Some(group),
+        Some(Err(_)) => {
+            // Its arrival wakes the pod (members are indexed by group).
+            decision.skipped = Some("its PodGroup is not known yet");
+            return decision;
+        }
+    };
     for entry in &pod.spec.resource_claims {
+        if let Some(group) = &group
+            && entry.resource_claim_template_name.is_some()
+            && group.matching_entry(entry).is_some()
+        {
+            if let Some(adopt) = group_claim_to_record(pod, group, &entry.name, caches) {
+                decision.entries.push(adopt);
+            }
+            continue;
+        }
         match resolve_claim(entry, statuses) {
             ClaimResolution::Unsupported => decision.entries.push(EntryAction::Fail {
                 entry: entry.name.clone(),
@@ -133,9 +153,43 @@ pub fn decide(pod: &PodView, caches: &Caches, gates: FeatureGates) -> PodDecisio
         }
     }
     if pod.node_name().is_some() {
-        decide_reservations(pod, caches, &mut decision);
+        decide_reservations(pod, caches, group.as_deref(), &mut decision);
     }
     decision
+}
+
+/// For a member pod's entry bound to its group: the group's claim to
+/// record in the pod's status, when it exists and is not recorded yet. The
+/// pod never gets a claim of its own for such an entry; until the group's
+/// claim exists, it waits.
+fn group_claim_to_record(
+    pod: &PodView,
+    group: &PodGroupView,
+    entry: &str,
+    caches: &Caches,
+) -> Option<EntryAction> {
+    let recorded = pod
+        .status
+        .resource_claim_statuses
+        .iter()
+        .find(|s| s.name == entry)
+        .and_then(|s| s.resource_claim_name.as_deref());
+    if let Some(name) = recorded
+        && caches
+            .claim(pod.namespace(), name)
+            .is_some_and(|c| is_controlled_by_pod_group(c.owner_references(), group.name()))
+    {
+        return None;
+    }
+    let mut owned = caches.claims_owned_by(group.uid());
+    owned.sort_by(|a, b| a.name().cmp(b.name()));
+    let claim = owned
+        .iter()
+        .find(|c| c.annotation(POD_CLAIM_NAME_ANNOTATION) == Some(entry) && !c.is_deleting())?;
+    Some(EntryAction::Adopt {
+        entry: entry.to_string(),
+        claim_name: claim.name().to_string(),
+    })
 }
 
 /// What a recorded claim name of a template entry means now.
@@ -196,34 +250,16 @@ fn adopt_or_create(
         .resource_claim_template_name
         .as_deref()
         .unwrap_or_default();
-    let key = super::cache::object_key(pod.namespace(), template_name);
-    let Some(template) = caches.templates.get(&key) else {
-        return EntryAction::Fail {
-            entry: entry_name.to_string(),
-            reason: format!(
-                "ResourceClaimTemplate {key} not found: create it, or fix \
-                 spec.resourceClaims[{entry_name}].resourceClaimTemplateName"
-            ),
-        };
+    let template = match usable_template(pod.namespace(), entry_name, template_name, caches, gates)
+    {
+        Ok(t) => t,
+        Err(reason) => {
+            return EntryAction::Fail {
+                entry: entry_name.to_string(),
+                reason,
+            };
+        }
     };
-    if !gates.admin_access && template.needs_admin_access() {
-        return EntryAction::Fail {
-            entry: entry_name.to_string(),
-            reason: format!(
-                "ResourceClaimTemplate {key} requests adminAccess, but the DRAAdminAccess \
-                 feature gate is off: remove adminAccess or enable the gate (--feature-gates)"
-            ),
-        };
-    }
-    if !gates.prioritized_list && template.has_prioritized_list() {
-        return EntryAction::Fail {
-            entry: entry_name.to_string(),
-            reason: format!(
-                "ResourceClaimTemplate {key} uses a prioritized list (firstAvailable), but the \
-                 DRAPrioritizedList feature gate is off: use exactly or enable the gate (--feature-gates)"
-            ),
-        };
-    }
     let (claim, admin_access) = claim_from_template(pod, entry_name, &template);
     EntryAction::Create {
         entry: entry_name.to_string(),
@@ -232,9 +268,59 @@ fn adopt_or_create(
     }
 }
 
+/// The template an entry names, if it exists and the gates allow what it
+/// asks for; otherwise what to tell the user.
+pub fn usable_template(
+    namespace: &str,
+    entry_name: &str,
+    template_name: &str,
+    caches: &Caches,
+    gates: FeatureGates,
+) -> Result<Arc<TemplateView>, String> {
+    let key = super::cache::object_key(namespace, template_name);
+    let Some(template) = caches.templates.get(&key) else {
+        return Err(format!(
+            "ResourceClaimTemplate {key} not found: create it, or fix \
+             spec.resourceClaims[{entry_name}].resourceClaimTemplateName"
+        ));
+    };
+    if !gates.admin_access && template.needs_admin_access() {
+        return Err(format!(
+            "ResourceClaimTemplate {key} requests adminAccess, but the DRAAdminAccess \
+             feature gate is off: remove adminAccess or enable the gate (--feature-gates)"
+        ));
+    }
+    if !gates.prioritized_list && template.has_prioritized_list() {
+        return Err(format!(
+            "ResourceClaimTemplate {key} uses a prioritized list (firstAvailable), but the \
+             DRAPrioritizedList feature gate is off: use exactly or enable the gate (--feature-gates)"
+        ));
+    }
+    Ok(template)
+}
+
 /// The claim object generated for `pod`'s entry from `template`.
 pub fn claim_from_template(
     pod: &PodView,
+    entry_name: &str,
+    template: &TemplateView,
+) -> (Value, bool) {
+    generated_claim(
+        pod.namespace(),
+        pod.name(),
+        pod_owner_reference(pod.name(), pod.uid()),
+        entry_name,
+        template,
+    )
+}
+
+/// The claim object generated for the entry `entry_name` of an owner (a
+/// pod, or a PodGroup) named `owner_name`, from `template`; and whether it
+/// asks for admin access.
+pub fn generated_claim(
+    namespace: &str,
+    owner_name: &str,
+    owner: k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
     entry_name: &str,
     template: &TemplateView,
 ) -> (Value, bool) {
@@ -245,9 +331,9 @@ pub fn claim_from_template(
     );
     let labels = template.claim_metadata("labels");
     let mut metadata = json!({
-        "generateName": generate_name(pod.name(), entry_name),
-        "namespace": pod.namespace(),
-        "ownerReferences": [pod_owner_reference(pod.name(), pod.uid())],
+        "generateName": generate_name(owner_name, entry_name),
+        "namespace": namespace,
+        "ownerReferences": [owner],
         "annotations": annotations,
     });
     if !labels.is_empty() {
@@ -263,7 +349,12 @@ pub fn claim_from_template(
     (claim, admin_access)
 }
 
-fn decide_reservations(pod: &PodView, caches: &Caches, decision: &mut PodDecision) {
+fn decide_reservations(
+    pod: &PodView,
+    caches: &Caches,
+    group: Option<&PodGroupView>,
+    decision: &mut PodDecision,
+) {
     let statuses = &pod.status.resource_claim_statuses;
     for entry in &pod.spec.resource_claims {
         let resolution = resolve_claim(entry, statuses);
@@ -273,17 +364,31 @@ fn decide_reservations(pod: &PodView, caches: &Caches, decision: &mut PodDecisio
         let Some(claim) = caches.claim(pod.namespace(), name) else {
             continue;
         };
-        if resolution.must_check_owner() && !is_controlled_by(claim.owner_references(), pod.uid()) {
+        // An entry that matches the group's is reserved for the group.
+        let bound = group.filter(|g| g.matching_entry(entry).is_some());
+        let owned = is_controlled_by(claim.owner_references(), pod.uid())
+            || bound
+                .is_some_and(|g| is_controlled_by_pod_group(claim.owner_references(), g.name()));
+        if resolution.must_check_owner() && !owned {
             continue;
         }
-        if claim.is_reserved_for(pod.uid()) {
+        if claim.is_reserved_for(pod.uid())
+            || group.is_some_and(|g| {
+                claim
+                    .status
+                    .reserved_for
+                    .iter()
+                    .any(|r| super::claim::is_pod_group_consumer(r) && r.name == g.name())
+            })
+        {
             continue;
         }
         if claim.is_allocated() {
-            decision.reservations.push(Reservation {
-                consumer: patch::pod_consumer(pod.name(), pod.uid()),
-                claim,
-            });
+            let consumer = match bound {
+                Some(g) => patch::pod_group_consumer(g.name(), g.uid()),
+                None => patch::pod_consumer(pod.name(), pod.uid()),
+            };
+            decision.reservations.push(Reservation { consumer, claim });
         } else if pod.is_pre_scheduled() {
             // Bound by a scheduler, the claim was allocated before binding
             // and our watch has not shown it yet; bound without one, nothing
@@ -316,7 +421,9 @@ pub async fn execute(
                 entry,
                 claim,
                 admin_access,
-            } => match create_unless_committed(ctx, pod, &entry, &claim).await {
+            } => match create_unless_committed(ctx, pod.namespace(), pod.uid(), &entry, &claim)
+                .await
+            {
                 Ok(claim) => {
                     ctx.metrics
                         .record_create(true, admin_access, ClaimOwner::POD);
@@ -484,24 +591,26 @@ async fn report_missing_claim(
 /// way that may have committed it: then the API server is asked first (the
 /// watch may not show that claim yet), and the claim found is returned
 /// instead of making a second one.
-async fn create_unless_committed(
+/// Creates a generated claim of the owner (a pod or a PodGroup) with UID
+/// `owner_uid`, unless an earlier create whose answer was lost did commit.
+pub async fn create_unless_committed(
     ctx: &Context,
-    pod: &PodView,
+    ns: &str,
+    owner_uid: &str,
     entry: &str,
     claim: &Value,
 ) -> Result<ClaimView, kube::Error> {
-    let ns = pod.namespace();
-    if ctx.caches.take_uncertain_create(pod.uid(), entry) {
+    if ctx.caches.take_uncertain_create(owner_uid, entry) {
         let api: Api<ClaimView> = Api::namespaced(ctx.client.clone(), ns);
         let existing = api
             .list(&kube::api::ListParams::default())
             .await
             .inspect_err(|_| {
                 // Still uncertain: ask again next time.
-                ctx.caches.mark_uncertain_create(pod.uid(), entry);
+                ctx.caches.mark_uncertain_create(owner_uid, entry);
             })?;
         if let Some(found) = existing.items.into_iter().find(|c| {
-            is_controlled_by(c.owner_references(), pod.uid())
+            is_controlled_by(c.owner_references(), owner_uid)
                 && c.annotation(POD_CLAIM_NAME_ANNOTATION) == Some(entry)
                 && !c.is_deleting()
         }) {

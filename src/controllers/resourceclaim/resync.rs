@@ -21,6 +21,12 @@ impl Controller {
         tokio::join!(
             self.resync_every(min_period, "pods", Self::resync_pods),
             self.resync_every(min_period, "resourceclaims", Self::resync_claims),
+            async {
+                if self.ctx.caches.pod_groups_enabled() {
+                    self.resync_every(min_period, "podgroups", Self::resync_pod_groups)
+                        .await
+                }
+            },
         );
     }
 
@@ -53,6 +59,20 @@ impl Controller {
             .iter()
             .filter(|pod| pod_needs_work(pod, caches).is_ok())
             .map(|pod| WorkKey::pod(pod.namespace(), pod.name()))
+            .collect();
+        let queued = keys.len();
+        self.enqueue(keys);
+        queued
+    }
+
+    fn resync_pod_groups(&self) -> usize {
+        let caches = &self.ctx.caches;
+        let keys: Vec<WorkKey> = caches
+            .pod_groups
+            .list()
+            .iter()
+            .filter(|g| super::podgroup::needs_work(g, caches))
+            .map(|g| WorkKey::pod_group(g.namespace(), g.name()))
             .collect();
         let queued = keys.len();
         self.enqueue(keys);

@@ -154,6 +154,16 @@ pub struct PodViewSpec {
     #[serde(default, deserialize_with = "null_as_default")]
     pub resource_claims: Vec<PodResourceClaim>,
     pub node_name: Option<String>,
+    /// `spec.schedulingGroup` (Kubernetes 1.36+, with GenericWorkload): the
+    /// PodGroup the pod belongs to.
+    pub scheduling_group: Option<SchedulingGroupRef>,
+}
+
+/// `pod.spec.schedulingGroup`, the PodGroup's name only.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulingGroupRef {
+    pub pod_group_name: Option<String>,
 }
 
 /// Only the `PodScheduled` condition is kept, as a flag: the binding
@@ -265,6 +275,14 @@ impl PodView {
             .extended_resource_claim_status
             .as_ref()
             .map(|s| s.resource_claim_name.as_str())
+            .filter(|n| !n.is_empty())
+    }
+    /// The PodGroup this pod belongs to (`spec.schedulingGroup.podGroupName`).
+    pub fn pod_group_name(&self) -> Option<&str> {
+        self.spec
+            .scheduling_group
+            .as_ref()
+            .and_then(|g| g.pod_group_name.as_deref())
             .filter(|n| !n.is_empty())
     }
     /// The claims this pod names: its recorded generated claims, the claims
@@ -433,6 +451,117 @@ impl ClaimView {
     /// Whether the pod with this UID holds a reservation.
     pub fn is_reserved_for(&self, uid: &str) -> bool {
         self.status.reserved_for.iter().any(|r| r.uid == uid)
+    }
+}
+
+/// The API version PodGroups are served at (`scheduling.k8s.io/v1alpha2`
+/// in Kubernetes 1.36, `v1alpha3` in 1.37), found at start-up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodGroupApi {
+    pub version: String,
+}
+
+impl PodGroupApi {
+    pub const GROUP: &'static str = "scheduling.k8s.io";
+    pub const PLURAL: &'static str = "podgroups";
+    /// Newest first: the one a start-up picks when several are served.
+    pub const VERSIONS: [&'static str; 2] = ["v1alpha3", "v1alpha2"];
+
+    pub fn api_version(&self) -> String {
+        format!("{}/{}", Self::GROUP, self.version)
+    }
+}
+
+impl Default for PodGroupApi {
+    fn default() -> Self {
+        PodGroupApi {
+            version: "v1alpha2".into(),
+        }
+    }
+}
+
+/// The fields of a PodGroup this controller reads.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct PodGroupView {
+    #[serde(deserialize_with = "slim_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub spec: PodGroupViewSpec,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub status: PodGroupViewStatus,
+}
+
+/// `spec.resourceClaims` has the shape of a pod's entries.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodGroupViewSpec {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub resource_claims: Vec<PodResourceClaim>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodGroupViewStatus {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub resource_claim_statuses: Vec<PodResourceClaimStatus>,
+}
+
+impl Resource for PodGroupView {
+    type DynamicType = PodGroupApi;
+    // Namespaced, but the version is only known at run time, which kube
+    // expresses with the dynamic scope.
+    type Scope = kube::core::DynamicResourceScope;
+
+    fn kind(_: &PodGroupApi) -> Cow<'_, str> {
+        Cow::Borrowed("PodGroup")
+    }
+    fn group(_: &PodGroupApi) -> Cow<'_, str> {
+        Cow::Borrowed(PodGroupApi::GROUP)
+    }
+    fn version(api: &PodGroupApi) -> Cow<'_, str> {
+        Cow::Owned(api.version.clone())
+    }
+    fn plural(_: &PodGroupApi) -> Cow<'_, str> {
+        Cow::Borrowed(PodGroupApi::PLURAL)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl PodGroupView {
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+    pub fn namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or_default()
+    }
+    pub fn uid(&self) -> &str {
+        self.metadata.uid.as_deref().unwrap_or_default()
+    }
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+    /// The group's entry the pod's `entry` refers to: same name and same
+    /// claim or template name. Only such an exact match binds a pod's entry
+    /// to the group's claim.
+    pub fn matching_entry(&self, entry: &PodResourceClaim) -> Option<&PodResourceClaim> {
+        self.spec.resource_claims.iter().find(|g| {
+            g.name == entry.name
+                && g.resource_claim_name == entry.resource_claim_name
+                && g.resource_claim_template_name == entry.resource_claim_template_name
+        })
+    }
+    /// The claim name recorded in the group's status for `entry`.
+    pub fn recorded(&self, entry: &str) -> Option<&str> {
+        self.status
+            .resource_claim_statuses
+            .iter()
+            .find(|s| s.name == entry)
+            .and_then(|s| s.resource_claim_name.as_deref())
     }
 }
 

@@ -7,10 +7,13 @@ use std::time::Instant;
 use tracing::info;
 
 use super::Controller;
-use super::cache::{PODS_BY_CLAIM, PODS_BY_TEMPLATE, object_key};
+use super::cache::{
+    GROUPS_BY_CLAIM, GROUPS_BY_TEMPLATE, PODS_BY_CLAIM, PODS_BY_TEMPLATE, object_key,
+};
 use super::enqueue::{WorkKey, keys_for_pod_event};
 use super::observe::observe;
-use super::views::{ClaimView, PodView, TemplateView};
+use super::podgroup;
+use super::views::{ClaimView, PodGroupView, PodView, TemplateView};
 use crate::informer::Handler;
 
 impl Handler<PodView> for Controller {
@@ -161,7 +164,92 @@ impl Handler<TemplateView> for Controller {
     }
 }
 
+impl Handler<PodGroupView> for Controller {
+    fn relisted(&self, groups: Vec<PodGroupView>) {
+        let caches = &self.ctx.caches;
+        let groups: Vec<Arc<PodGroupView>> = groups.into_iter().map(Arc::new).collect();
+        let entries = groups
+            .iter()
+            .map(|g| (object_key(g.namespace(), g.name()), g.clone()))
+            .collect();
+        for gone in caches.pod_groups.replace(entries) {
+            self.pod_group_deleted(&gone);
+        }
+        for group in &groups {
+            self.pod_group_changed(group);
+        }
+        info!(podgroups = caches.pod_groups.len(), "PodGroup cache loaded");
+    }
+
+    fn applied(&self, group: PodGroupView) {
+        let caches = &self.ctx.caches;
+        let key = object_key(group.namespace(), group.name());
+        if let Some(old) = caches.pod_groups.get(&key)
+            && old.uid() != group.uid()
+        {
+            self.pod_group_deleted(&old);
+        }
+        let group = Arc::new(group);
+        caches.pod_groups.apply(key, group.clone());
+        self.pod_group_changed(&group);
+    }
+
+    fn deleted(&self, group: PodGroupView) {
+        let caches = &self.ctx.caches;
+        let key = object_key(group.namespace(), group.name());
+        let group = match caches.pod_groups.get(&key) {
+            Some(cached) if cached.uid() == group.uid() => {
+                caches.pod_groups.delete(&key);
+                cached
+            }
+            _ => Arc::new(group),
+        };
+        self.pod_group_deleted(&group);
+    }
+}
+
 impl Controller {
+    /// A PodGroup with claims changed: its own work, and its members (a
+    /// status update may have recorded a claim they use).
+    fn pod_group_changed(&self, group: &PodGroupView) {
+        if group.spec.resource_claims.is_empty() {
+            return;
+        }
+        let caches = &self.ctx.caches;
+        let mut keys = Vec::new();
+        if podgroup::needs_work(group, caches) {
+            keys.push(WorkKey::pod_group(group.namespace(), group.name()));
+        }
+        for (ns, name) in podgroup::member_keys(group, caches) {
+            if let Some(pod) = caches.pods.get(&object_key(&ns, &name)) {
+                keys.extend(keys_for_pod_event(&pod, false, caches));
+            }
+        }
+        self.enqueue(keys);
+    }
+
+    /// A PodGroup is gone: reservations for it go (its claims are then
+    /// checked); its generated claims are the garbage collector's.
+    fn pod_group_deleted(&self, group: &PodGroupView) {
+        let caches = &self.ctx.caches;
+        caches.deleted_pod_groups.add(group.uid().to_string());
+        let mut keys: Vec<WorkKey> = group
+            .spec
+            .resource_claims
+            .iter()
+            .filter_map(|e| {
+                e.resource_claim_name
+                    .as_deref()
+                    .or_else(|| group.recorded(&e.name))
+            })
+            .map(|c| WorkKey::claim(group.namespace(), c))
+            .collect();
+        for (ns, name) in podgroup::member_keys(group, caches) {
+            keys.push(WorkKey::pod(&ns, &name));
+        }
+        self.enqueue(keys);
+    }
+
     fn pod_deleted(&self, pod: &PodView) {
         let caches = &self.ctx.caches;
         caches.deleted_pods.add(pod.uid().to_string());
@@ -180,6 +268,27 @@ impl Controller {
         {
             keys.extend(keys_for_pod_event(&pod, false, caches));
         }
+        for group in caches.pod_groups.by_index(
+            GROUPS_BY_CLAIM,
+            &object_key(claim.namespace(), claim.name()),
+        ) {
+            if podgroup::needs_work(&group, caches) {
+                keys.push(WorkKey::pod_group(group.namespace(), group.name()));
+            }
+        }
+        // A group's new claim: its members may record it now.
+        if let Some(owner) = crate::naming::controller_of(claim.owner_references())
+            && owner.kind == "PodGroup"
+            && let Some(group) = caches
+                .pod_groups
+                .get(&object_key(claim.namespace(), &owner.name))
+        {
+            for (ns, name) in podgroup::member_keys(&group, caches) {
+                if let Some(pod) = caches.pods.get(&object_key(&ns, &name)) {
+                    keys.extend(keys_for_pod_event(&pod, false, caches));
+                }
+            }
+        }
         self.enqueue(keys);
     }
 
@@ -188,6 +297,11 @@ impl Controller {
         let mut keys = Vec::new();
         for pod in caches.pods.by_index(PODS_BY_TEMPLATE, key) {
             keys.extend(keys_for_pod_event(&pod, false, caches));
+        }
+        for group in caches.pod_groups.by_index(GROUPS_BY_TEMPLATE, key) {
+            if podgroup::needs_work(&group, caches) {
+                keys.push(WorkKey::pod_group(group.namespace(), group.name()));
+            }
         }
         self.enqueue(keys);
     }

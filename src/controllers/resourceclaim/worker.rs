@@ -11,7 +11,7 @@ use super::cache::object_key;
 use super::context::Synced;
 use super::enqueue::WorkKey;
 use super::error::SyncError;
-use super::{claim, pod};
+use super::{claim, pod, podgroup};
 
 impl Controller {
     /// Runs `workers` workers until the queue is shut down.
@@ -100,6 +100,26 @@ impl Controller {
                     return Ok(Synced::Done);
                 };
                 claim::execute(ctx, &claim).await.map(|()| Synced::Done)
+            }
+            WorkKey::PodGroup { namespace, name } => {
+                let (Some(api), Some(group)) = (
+                    ctx.caches.pod_group_api(),
+                    ctx.caches.pod_groups.get(&object_key(namespace, name)),
+                ) else {
+                    debug!("PodGroup is gone; nothing to do");
+                    return Ok(Synced::Done);
+                };
+                let decision = podgroup::decide(&group, &ctx.caches, ctx.gates, api);
+                if let Some(reason) = decision.skipped {
+                    debug!(reason, "nothing to do");
+                    return Ok(Synced::Done);
+                }
+                if decision.entries.is_empty() {
+                    return Ok(Synced::Done);
+                }
+                podgroup::execute(ctx, &group, api, decision)
+                    .await
+                    .map(|()| Synced::Done)
             }
         }
     }

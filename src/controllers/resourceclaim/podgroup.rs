@@ -1,0 +1,268 @@
+//! PodGroup work (DRAWorkloadResourceClaims, KEP-5729): a PodGroup's
+//! template entries get one generated claim each, owned by the group and
+//! recorded in its `status.resourceClaimStatuses`; member pods whose entry
+//! matches the group's exactly use that claim instead of one of their own
+//! (see `pod.rs`). Group claims are never deleted here: the garbage
+//! collector removes them with their group, as in kube-controller-manager.
+//!
+//! [`decide`] is pure over cached state; [`execute`] writes.
+
+use std::collections::BTreeMap;
+
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::cache::{Caches, object_key};
+use super::context::Context;
+use super::error::{SyncError, kube_err};
+use super::events::Involved;
+use super::features::FeatureGates;
+use super::metrics::ClaimOwner;
+use super::pod::{
+    EntryAction, REASON_CREATION_FAILED, claim_statuses, create_unless_committed, generated_claim,
+    may_have_committed, usable_template,
+};
+use super::views::{PodGroupApi, PodGroupView};
+use crate::naming::{
+    FIELD_MANAGER, POD_CLAIM_NAME_ANNOTATION, is_controlled_by, pod_group_owner_reference,
+};
+
+/// The `owner_api_*` labels of claims made for PodGroups.
+pub const GROUP_OWNER: ClaimOwner = ClaimOwner {
+    api_group: PodGroupApi::GROUP,
+    kind: "PodGroup",
+};
+
+/// What group work decided for one PodGroup.
+#[derive(Debug, Default)]
+pub struct GroupDecision {
+    pub entries: Vec<EntryAction>,
+    /// Every entry of `status.resourceClaimStatuses` as it is now; every
+    /// status apply sends them all (an apply leaving one out removes it).
+    pub recorded: BTreeMap<String, Option<String>>,
+    pub skipped: Option<&'static str>,
+}
+
+/// Decides group work from cached state.
+pub fn decide(
+    group: &PodGroupView,
+    caches: &Caches,
+    gates: FeatureGates,
+    api: &PodGroupApi,
+) -> GroupDecision {
+    let mut decision = GroupDecision::default();
+    if group.is_deleting() {
+        decision.skipped = Some("PodGroup is being deleted");
+        return decision;
+    }
+    decision.recorded = group
+        .status
+        .resource_claim_statuses
+        .iter()
+        .map(|s| (s.name.clone(), s.resource_claim_name.clone()))
+        .collect();
+    for entry in &group.spec.resource_claims {
+        let Some(template_name) = entry.resource_claim_template_name.as_deref() else {
+            // A claim named directly is used as it is, never created.
+            continue;
+        };
+        if let Some(name) = group.recorded(&entry.name)
+            && caches
+                .claim(group.namespace(), name)
+                .is_some_and(|c| is_controlled_by(c.owner_references(), group.uid()))
+        {
+            continue;
+        }
+        // Adopt before creating: one claim per entry, whatever happened to
+        // an earlier status write.
+        let mut owned = caches.claims_owned_by(group.uid());
+        owned.sort_by(|a, b| a.name().cmp(b.name()));
+        if let Some(claim) = owned.iter().find(|c| {
+            c.annotation(POD_CLAIM_NAME_ANNOTATION) == Some(entry.name.as_str()) && !c.is_deleting()
+        }) {
+            decision.entries.push(EntryAction::Adopt {
+                entry: entry.name.clone(),
+                claim_name: claim.name().to_string(),
+            });
+            continue;
+        }
+        let template =
+            match usable_template(group.namespace(), &entry.name, template_name, caches, gates) {
+                Ok(t) => t,
+                Err(reason) => {
+                    decision.entries.push(EntryAction::Fail {
+                        entry: entry.name.clone(),
+                        reason,
+                    });
+                    continue;
+                }
+            };
+        let owner = pod_group_owner_reference(&api.api_version(), group.name(), group.uid());
+        let (claim, admin_access) = generated_claim(
+            group.namespace(),
+            group.name(),
+            owner,
+            &entry.name,
+            &template,
+        );
+        decision.entries.push(EntryAction::Create {
+            entry: entry.name.clone(),
+            claim,
+            admin_access,
+        });
+    }
+    decision
+}
+
+/// Whether a PodGroup needs group work (cheap pre-check for events).
+pub fn needs_work(group: &PodGroupView, caches: &Caches) -> bool {
+    !group.is_deleting()
+        && group
+            .spec
+            .resource_claims
+            .iter()
+            .filter(|e| e.resource_claim_template_name.is_some())
+            .any(|e| {
+                group.recorded(&e.name).is_none_or(|name| {
+                    caches
+                        .claim(group.namespace(), name)
+                        .is_none_or(|c| !is_controlled_by(c.owner_references(), group.uid()))
+                })
+            })
+}
+
+fn involved<'a>(group: &'a PodGroupView, api: &PodGroupApi) -> Involved<'a> {
+    Involved {
+        api_version: api.api_version(),
+        kind: "PodGroup",
+        name: group.name(),
+        namespace: group.namespace(),
+        uid: group.uid(),
+        resource_version: group.metadata.resource_version.as_deref(),
+    }
+}
+
+/// Performs group work.
+pub async fn execute(
+    ctx: &Context,
+    group: &PodGroupView,
+    api: &PodGroupApi,
+    decision: GroupDecision,
+) -> Result<(), SyncError> {
+    let (ns, name) = (group.namespace(), group.name());
+    let mut record = decision.recorded;
+    let mut changed = false;
+    let mut failures = Vec::new();
+    for action in decision.entries {
+        match action {
+            EntryAction::Adopt { entry, claim_name } => {
+                info!(entry = %entry, claim = %claim_name, "adopting existing PodGroup claim");
+                record.insert(entry, Some(claim_name));
+                changed = true;
+            }
+            EntryAction::Create {
+                entry,
+                claim,
+                admin_access,
+            } => match create_unless_committed(ctx, ns, group.uid(), &entry, &claim).await {
+                Ok(claim) => {
+                    ctx.metrics.record_create(true, admin_access, GROUP_OWNER);
+                    info!(entry = %entry, claim = %claim.name(), "created PodGroup claim");
+                    record.insert(entry, Some(claim.name().to_string()));
+                    ctx.caches.remember_created(claim);
+                    changed = true;
+                }
+                Err(err) => {
+                    ctx.metrics.record_create(false, admin_access, GROUP_OWNER);
+                    if may_have_committed(&err) {
+                        ctx.caches.mark_uncertain_create(group.uid(), &entry);
+                    }
+                    failures.push((entry, format!("creating ResourceClaim failed: {err}")));
+                }
+            },
+            EntryAction::Fail { entry, reason } => failures.push((entry, reason)),
+        }
+    }
+    let applied = if changed {
+        let body = json!({
+            "apiVersion": api.api_version(),
+            "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": ns, "uid": group.uid()},
+            "status": {"resourceClaimStatuses": claim_statuses(&record)},
+        });
+        Api::<PodGroupView>::namespaced_with(ctx.client.clone(), ns, api)
+            .patch_status(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(body),
+            )
+            .await
+            .map(|_| ())
+            .map_err(kube_err(format_args!(
+                "recording status.resourceClaimStatuses of PodGroup {ns}/{name}"
+            )))
+    } else {
+        Ok(())
+    };
+    for (entry, reason) in &failures {
+        warn!(entry = %entry, reason = %reason, "cannot provide PodGroup claim");
+        ctx.events
+            .warn_about(
+                &involved(group, api),
+                REASON_CREATION_FAILED,
+                &format!("PodGroupResourceClaim {entry}: {reason}"),
+            )
+            .await;
+    }
+    applied?;
+    if let Some((entry, reason)) = failures.first() {
+        return Err(SyncError::Invalid(format!(
+            "PodGroup {ns}/{name}, PodGroupResourceClaim {entry}: {reason}"
+        )));
+    }
+    Ok(())
+}
+
+/// `namespace/name` keys of the member pods of a group.
+pub fn member_keys(group: &PodGroupView, caches: &Caches) -> Vec<(String, String)> {
+    caches
+        .pods
+        .by_index(
+            super::cache::PODS_BY_GROUP,
+            &object_key(group.namespace(), group.name()),
+        )
+        .iter()
+        .map(|p| (p.namespace().to_string(), p.name().to_string()))
+        .collect()
+}
+
+/// Which PodGroup API the API server serves, newest first. Asked once at
+/// start-up when DRAWorkloadResourceClaims is on.
+pub async fn discover_api(client: &kube::Client) -> anyhow::Result<PodGroupApi> {
+    for version in PodGroupApi::VERSIONS {
+        let group_version = format!("{}/{version}", PodGroupApi::GROUP);
+        match client.list_api_group_resources(&group_version).await {
+            Ok(list) if list.resources.iter().any(|r| r.name == PodGroupApi::PLURAL) => {
+                info!(api_version = %group_version, "serving PodGroup claims");
+                return Ok(PodGroupApi {
+                    version: version.to_string(),
+                });
+            }
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => {
+                return Err(anyhow::anyhow!(
+                    "--feature-gates DRAWorkloadResourceClaims=true: asking the API server whether it \
+                     serves {group_version} failed: {e}"
+                ));
+            }
+        }
+    }
+    anyhow::bail!(
+        "--feature-gates DRAWorkloadResourceClaims=true needs PodGroups, but the API server serves \
+         neither scheduling.k8s.io/v1alpha3 nor v1alpha2 podgroups: enable them on kube-apiserver \
+         (--runtime-config=scheduling.k8s.io/v1alpha2=true and --feature-gates=GenericWorkload=true,\
+         DRAWorkloadResourceClaims=true on Kubernetes 1.36), or turn the gate off here"
+    )
+}
