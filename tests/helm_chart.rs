@@ -1403,6 +1403,17 @@ fn podgroup_rules_only_with_the_gate() {
         set(&["patch"]),
     );
     assert_eq!(rules_by_resource(role), expected);
+    let alias = render_or_skip!(&[("featureGates", "WorkloadResourceClaims=true")]);
+    let binding = one_of_kind(&alias, "ClusterRoleBinding");
+    let role = all_of_kind(&alias, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == binding["roleRef"]["name"])
+        .unwrap();
+    assert_eq!(
+        rules_by_resource(role),
+        expected,
+        "the gate's other spelling"
+    );
     let off = render_or_skip!(&[("featureGates", "DRAWorkloadResourceClaims=false")]);
     let binding = one_of_kind(&off, "ClusterRoleBinding");
     let role = all_of_kind(&off, "ClusterRole")

@@ -189,13 +189,15 @@ pub async fn apply(client: &kube::Client, rbac: &Rbac) -> anyhow::Result<()> {
 
 /// Re-applies the chart's RBAC rendered with `set` over what the cluster
 /// has (server-side apply), e.g. with a feature gate that grants more.
+/// `Ok(false)`: Helm is not available here, nothing was applied.
 pub async fn reapply_controller_rbac(
     client: &kube::Client,
     set: &[(&str, &str)],
-) -> anyhow::Result<()> {
-    let yaml = helm::render_rbac(RELEASE, SYSTEM_NAMESPACE, set)
-        .map_err(|e| anyhow!(e))?
-        .context("Helm is not available to render the chart's RBAC")?;
+) -> anyhow::Result<bool> {
+    let Some(yaml) = helm::render_rbac(RELEASE, SYSTEM_NAMESPACE, set).map_err(|e| anyhow!(e))?
+    else {
+        return Ok(false);
+    };
     for doc in from_chart(&yaml)?.docs {
         let (ar, namespaced) = api_resource(&doc)?;
         let obj: DynamicObject = serde_json::from_value(doc.clone())?;
@@ -218,7 +220,7 @@ pub async fn reapply_controller_rbac(
         .await
         .with_context(|| format!("apply {} {name}", ar.kind))?;
     }
-    Ok(())
+    Ok(true)
 }
 
 /// The chart's read-only ClusterRole for `drain-check` and `audit`.

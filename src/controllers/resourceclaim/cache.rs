@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use super::views::{ClaimView, PodGroupApi, PodGroupView, PodView, TemplateView};
-use crate::naming::{controller_of, resolve_claim};
+use crate::naming::{controller_of, controlling_pod, resolve_claim};
 
 /// `namespace/name`.
 pub fn object_key(namespace: &str, name: &str) -> String {
@@ -184,12 +184,20 @@ fn pod_template_index(pod: &PodView) -> Vec<String> {
     keys
 }
 
-/// The UID of the claim's controller owner: a pod, or a PodGroup (UIDs
-/// are unique across kinds, so one index serves both).
+/// The claim's controlling pod's UID, or `podgroup:<uid>` for a
+/// controlling PodGroup: adoption only ever finds claims of the right kind.
 fn claim_owner_index(claim: &ClaimView) -> Vec<String> {
+    if let Some((_, uid)) = controlling_pod(claim.owner_references()) {
+        return vec![uid.to_string()];
+    }
     controller_of(claim.owner_references())
-        .map(|o| vec![o.uid.clone()])
+        .filter(|o| o.kind == "PodGroup" && o.api_version.starts_with("scheduling.k8s.io/"))
+        .map(|o| vec![group_owner_key(&o.uid)])
         .unwrap_or_default()
+}
+
+fn group_owner_key(uid: &str) -> String {
+    format!("podgroup:{uid}")
 }
 
 /// `namespace/group` of the PodGroup a pod belongs to.
@@ -366,6 +374,12 @@ impl Caches {
             }
         }
         claims
+    }
+
+    /// Claims a PodGroup with this UID controls (the cache's and those
+    /// created a moment ago).
+    pub fn claims_owned_by_group(&self, uid: &str) -> Vec<Arc<ClaimView>> {
+        self.claims_owned_by(&group_owner_key(uid))
     }
 
     /// Notes that a create for this pod entry may have committed although it

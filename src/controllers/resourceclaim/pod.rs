@@ -168,12 +168,16 @@ fn group_claim_to_record(
     entry: &str,
     caches: &Caches,
 ) -> Option<EntryAction> {
-    let recorded = pod
+    let status = pod
         .status
         .resource_claim_statuses
         .iter()
-        .find(|s| s.name == entry)
-        .and_then(|s| s.resource_claim_name.as_deref());
+        .find(|s| s.name == entry);
+    if status.is_some_and(|s| s.resource_claim_name.is_none()) {
+        // Recorded as "no claim needed": settled.
+        return None;
+    }
+    let recorded = status.and_then(|s| s.resource_claim_name.as_deref());
     if let Some(name) = recorded
         && caches
             .claim(pod.namespace(), name)
@@ -181,7 +185,7 @@ fn group_claim_to_record(
     {
         return None;
     }
-    let mut owned = caches.claims_owned_by(group.uid());
+    let mut owned = caches.claims_owned_by_group(group.uid());
     owned.sort_by(|a, b| a.name().cmp(b.name()));
     let claim = owned
         .iter()

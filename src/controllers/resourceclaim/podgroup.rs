@@ -64,6 +64,17 @@ pub fn decide(
         .collect();
     for entry in &group.spec.resource_claims {
         let Some(template_name) = entry.resource_claim_template_name.as_deref() else {
+            if entry.resource_claim_name.is_none() {
+                decision.entries.push(EntryAction::Fail {
+                    entry: entry.name.clone(),
+                    reason: format!(
+                        "spec.resourceClaims[{}] sets neither resourceClaimName nor \
+                         resourceClaimTemplateName; it uses a field this controller does not \
+                         know: upgrade dra-claim-controller",
+                        entry.name
+                    ),
+                });
+            }
             // A claim named directly is used as it is, never created.
             continue;
         };
@@ -76,7 +87,7 @@ pub fn decide(
         }
         // Adopt before creating: one claim per entry, whatever happened to
         // an earlier status write.
-        let mut owned = caches.claims_owned_by(group.uid());
+        let mut owned = caches.claims_owned_by_group(group.uid());
         owned.sort_by(|a, b| a.name().cmp(b.name()));
         if let Some(claim) = owned.iter().find(|c| {
             c.annotation(POD_CLAIM_NAME_ANNOTATION) == Some(entry.name.as_str()) && !c.is_deleting()

@@ -406,3 +406,45 @@ fn group_reservations_table() {
         ClaimDecision::Act(Default::default())
     );
 }
+
+#[test]
+fn review_cases() {
+    // A group entry that names neither a claim nor a template: told, not skipped.
+    let odd = group_with(json!({"spec": {"resourceClaims": [{"name": ENTRY}]}}));
+    let actions = group_actions(&odd, &caches(true, vec![], vec![], true));
+    assert_eq!(actions.len(), 1);
+    assert!(
+        actions[0].starts_with("fail spec.resourceClaims[acme-resource] sets neither"),
+        "{actions:?}"
+    );
+    // "No claim needed" recorded for a bound entry: settled, not adopted over.
+    let settled = pod_with(json!({"status": {"resourceClaimStatuses": [{"name": ENTRY}]}}));
+    let c = caches(
+        true,
+        vec![group_with(recorded_in_group(GROUP_CLAIM))],
+        vec![group_claim(GROUP_CLAIM, json!({}))],
+        true,
+    );
+    assert_eq!(pod_actions(&settled, &c), (vec![], vec![], None));
+    // A claim controlled by a PodGroup is never adopted by a pod, even one
+    // whose UID the reference carries (gate off: the pod's own index only).
+    let forged: ClaimView =
+        serde_json::from_value(json!({"metadata": {"name": "forged", "namespace": NS,
+        "annotations": {POD_CLAIM_NAME_ANNOTATION: ENTRY},
+        "ownerReferences": [{"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
+                             "name": GROUP, "uid": POD_UID, "controller": true}]}}))
+        .unwrap();
+    let plain: PodView = first_sight(
+        serde_json::from_value(
+            json!({"metadata": {"name": POD, "namespace": NS, "uid": POD_UID},
+            "spec": {"resourceClaims": [{"name": ENTRY, "resourceClaimTemplateName": TEMPLATE}]}}),
+        )
+        .unwrap(),
+        Instant::now(),
+    );
+    let c = caches(false, vec![], vec![forged], true);
+    assert_eq!(
+        pod_actions(&plain, &c).0,
+        vec![format!("create {POD}-{ENTRY}- owner v1/Pod {ENTRY}")]
+    );
+}

@@ -172,8 +172,19 @@ impl Handler<PodGroupView> for Controller {
             .iter()
             .map(|g| (object_key(g.namespace(), g.name()), g.clone()))
             .collect();
-        for gone in caches.pod_groups.replace(entries) {
-            self.pod_group_deleted(&gone);
+        let replaced: Vec<Arc<PodGroupView>> = groups
+            .iter()
+            .filter_map(|g| {
+                caches
+                    .pod_groups
+                    .get(&object_key(g.namespace(), g.name()))
+                    .filter(|old| old.uid() != g.uid())
+            })
+            .collect();
+        // Absent from the list, or recreated under the same name: deleted
+        // while the watch was down.
+        for gone in caches.pod_groups.replace(entries).iter().chain(&replaced) {
+            self.pod_group_deleted(gone);
         }
         for group in &groups {
             self.pod_group_changed(group);
@@ -212,11 +223,9 @@ impl Controller {
     /// A PodGroup with claims changed: its own work, and its members (a
     /// status update may have recorded a claim they use).
     fn pod_group_changed(&self, group: &PodGroupView) {
-        if group.spec.resource_claims.is_empty() {
-            return;
-        }
         let caches = &self.ctx.caches;
         let mut keys = Vec::new();
+        // Members wait for their group to be known, claims or not.
         if podgroup::needs_work(group, caches) {
             keys.push(WorkKey::pod_group(group.namespace(), group.name()));
         }
