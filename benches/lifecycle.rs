@@ -12,6 +12,8 @@
 //! and writes JSON to `target/bench/lifecycle-<timestamp>.json`.
 //!
 //! Run: `cargo bench --bench lifecycle -- --pods 1000 --kube-api-qps 20 --kube-api-burst 30`
+//! The admin guide's scale test, with a real kube-scheduler and a sweep over
+//! `--kube-api-qps`: `cargo bench --bench lifecycle -- --scale` (see `scale.rs`).
 //! (`--help` lists the flags). On a busy machine add `--rounds 2`: the
 //! controllers then alternate in turn and the table shows medians.
 //! Nothing here asserts on time: it measures and reports.
@@ -19,12 +21,14 @@
 // The bench's own modules share helpers among themselves with `pub`.
 #![allow(unreachable_pub)]
 
-use dra_e2e::{cluster, helm, procs, rawhttp, reference};
+use dra_e2e::{cluster, helm, procs, rawhttp, reference, scheduler};
 
 #[path = "lifecycle/load.rs"]
 mod load;
 #[path = "lifecycle/report.rs"]
 mod report;
+#[path = "lifecycle/scale.rs"]
+mod scale;
 #[path = "lifecycle/tracker.rs"]
 mod tracker;
 #[path = "lifecycle/under_test.rs"]
@@ -81,6 +85,9 @@ pub struct Args {
     /// Upper bound in seconds on each phase (default: from N, K and the QPS).
     #[arg(long)]
     pub phase_timeout: Option<u64>,
+    /// The admin guide's scale test (`--scale`) and its flags.
+    #[command(flatten)]
+    pub scale: scale::ScaleArgs,
     /// Passed by `cargo bench`; without it the binary was started by
     /// `cargo test` and does nothing.
     #[arg(long, hide = true)]
@@ -133,6 +140,9 @@ fn main() -> ExitCode {
 async fn run(args: &Args, bins: &Binaries) -> anyhow::Result<()> {
     let reference = reference::binary(bins);
     under_test::describe_binaries(reference.as_deref());
+    if args.scale.scale {
+        return scale::run(args, bins, reference.as_deref()).await;
+    }
     let kinds: Vec<Kind> = args
         .controllers
         .iter()
