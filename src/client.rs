@@ -335,6 +335,11 @@ impl ClientMetrics {
 #[derive(Clone)]
 pub struct ClientLayer {
     limiter: Option<Arc<DefaultDirectRateLimiter>>,
+    /// One waiter at a time at the bucket, the others queued in arrival
+    /// order (tokio's mutex is fair). governor's own wait is not fair: under
+    /// a full bucket, every waiter polls and the unlucky ones wait far longer
+    /// than the queue is deep. client-go's limiter hands out tokens in order.
+    turn: Arc<tokio::sync::Mutex<()>>,
     metrics: ClientMetrics,
     host: Arc<str>,
     drain: Drain,
@@ -361,6 +366,7 @@ impl ClientLayer {
         let limiter = quota(qps, burst)?.map(|q| Arc::new(RateLimiter::direct(q)));
         Ok(Self {
             limiter,
+            turn: Arc::new(tokio::sync::Mutex::new(())),
             metrics,
             host: host.into().into(),
             drain: Drain::default(),
@@ -376,6 +382,12 @@ impl ClientLayer {
     /// Whether requests wait for tokens at all.
     pub fn is_rate_limited(&self) -> bool {
         self.limiter.is_some()
+    }
+
+    /// Waits for a token in arrival order.
+    async fn next_token(&self, limiter: &DefaultDirectRateLimiter) {
+        let _turn = self.turn.lock().await;
+        limiter.until_ready().await;
     }
 }
 
@@ -450,7 +462,7 @@ where
                     let _ = limiter.check();
                 } else {
                     tokio::select! {
-                        _ = limiter.until_ready() => {}
+                        _ = layer.next_token(limiter) => {}
                         // Not sent yet: abandoned at once on shutdown.
                         _ = layer.drain.started() => return Err(refuse()),
                     }
@@ -634,6 +646,36 @@ mod tests {
         futures::future::try_join_all(calls).await.unwrap();
         // Four refills of 50ms regardless of how many callers wait at once.
         assert!(start.elapsed() >= Duration::from_millis(150));
+    }
+
+    /// Under a full bucket, requests get tokens in the order they asked:
+    /// no request waits much longer than the queue ahead of it is deep.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tokens_go_in_arrival_order() {
+        let metrics = ClientMetrics::new();
+        // 100 QPS, burst 1: one token every 10 ms.
+        let layer = ClientLayer::new(100.0, 1, metrics, "api").unwrap();
+        let svc = layer.layer(ok_service());
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..20 {
+            let (svc, order) = (svc.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                svc.oneshot(Request::new(())).await.unwrap();
+                order.lock().unwrap().push(i);
+            }));
+            // Arrivals 1 ms apart, faster than tokens come.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let order = order.lock().unwrap().clone();
+        assert_eq!(
+            order,
+            (0..20).collect::<Vec<_>>(),
+            "served out of order: {order:?}"
+        );
     }
 
     #[tokio::test]
