@@ -40,13 +40,30 @@ impl Snapshot {
 
     /// Requests sent between `self` and `later`, by (method, code).
     fn delta(&self, later: &Snapshot) -> BTreeMap<(String, String), f64> {
-        later
-            .requests
-            .iter()
-            .map(|(k, v)| (k.clone(), v - self.requests.get(k).copied().unwrap_or(0.0)))
-            .filter(|(_, v)| *v > 0.0)
-            .collect()
+        counts_delta(&self.requests, &later.requests)
     }
+}
+
+/// Requests counted in `later` beyond `earlier`, by (method, code).
+fn counts_delta(
+    earlier: &BTreeMap<(String, String), f64>,
+    later: &BTreeMap<(String, String), f64>,
+) -> BTreeMap<(String, String), f64> {
+    later
+        .iter()
+        .map(|(k, v)| (k.clone(), v - earlier.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
+/// Requests per pod by HTTP method between two scrapes of a controller's
+/// `/metrics`.
+pub fn per_pod_between(before: &str, after: &str, pods: usize) -> BTreeMap<String, f64> {
+    let delta = counts_delta(
+        &requests_by_method_code(before),
+        &requests_by_method_code(after),
+    );
+    per_pod_by_method(&delta, pods)
 }
 
 /// Sums the samples of `rest_client_requests_total` by their `method` and

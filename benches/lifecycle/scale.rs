@@ -488,39 +488,6 @@ async fn watch_claims(client: kube::Client, world: Arc<Mutex<World>>) {
     }
 }
 
-/// Requests of the controller by method between two scrapes.
-fn requests_by_method(before: &str, after: &str) -> BTreeMap<String, f64> {
-    let parse = |text: &str| {
-        let mut out: BTreeMap<String, f64> = BTreeMap::new();
-        for line in text
-            .lines()
-            .filter(|l| l.starts_with("rest_client_requests_total{"))
-        {
-            let Some(method) = line
-                .split("method=\"")
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-            else {
-                continue;
-            };
-            let value: f64 = line
-                .rsplit(' ')
-                .next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0.0);
-            *out.entry(method.to_string()).or_default() += value;
-        }
-        out
-    };
-    let (b, a) = (parse(before), parse(after));
-    a.into_iter()
-        .map(|(m, v)| {
-            let d = v - b.get(&m).copied().unwrap_or(0.0);
-            (m, d)
-        })
-        .collect()
-}
-
 #[allow(clippy::too_many_arguments)]
 fn summarize(
     w: &World,
@@ -560,10 +527,7 @@ fn summarize(
             .collect(),
     );
     let created = w.pods.values().filter(|p| p.created.is_some()).count();
-    let per_pod = requests_by_method(before, after)
-        .into_iter()
-        .map(|(m, v)| (m, v / created.max(1) as f64))
-        .collect();
+    let per_pod = crate::report::per_pod_between(before, after, created);
     let sum = |text: &str, metric: &str| crate::rawhttp::metric_sum(text, metric);
     let waited = sum(after, "rest_client_rate_limiter_duration_seconds_sum")
         - sum(before, "rest_client_rate_limiter_duration_seconds_sum");

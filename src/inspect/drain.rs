@@ -15,7 +15,7 @@
 //! the pod finishes, when the claim controller may already have released
 //! the claim.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -102,16 +102,7 @@ pub fn claims_to_look_up(
     scope: DrainScope<'_>,
     now: Timestamp,
 ) -> BTreeSet<(String, String)> {
-    let have: BTreeSet<(&str, &str)> = snapshot
-        .claims
-        .iter()
-        .map(|c| {
-            (
-                c.metadata.namespace.as_deref().unwrap_or_default(),
-                c.metadata.name.as_deref().unwrap_or_default(),
-            )
-        })
-        .collect();
+    let have = snapshot.claims_by_key();
     node_pods(snapshot, scope, now)
         .into_iter()
         .flat_map(|(pod, _)| {
@@ -119,7 +110,7 @@ pub fn claims_to_look_up(
                 .into_iter()
                 .map(move |name| (pod.namespace(), name))
         })
-        .filter(|key| !have.contains(key))
+        .filter(|key| !have.contains_key(key))
         .map(|(ns, name)| (ns.to_string(), name.to_string()))
         .collect()
 }
@@ -240,19 +231,7 @@ pub fn check(snapshot: &Snapshot, scope: DrainScope<'_>, now: Timestamp) -> Drai
         }
     }
     // From the pods' side.
-    let by_name: HashMap<(&str, &str), &ResourceClaim> = snapshot
-        .claims
-        .iter()
-        .map(|c| {
-            (
-                (
-                    c.metadata.namespace.as_deref().unwrap_or_default(),
-                    c.metadata.name.as_deref().unwrap_or_default(),
-                ),
-                c,
-            )
-        })
-        .collect();
+    let by_name = snapshot.claims_by_key();
     for (pod, state) in node_pods(snapshot, scope, now) {
         let pod_ref = PodRef {
             namespace: pod.namespace().to_string(),

@@ -37,6 +37,22 @@ impl Snapshot {
             .cloned()
     }
 
+    /// The claims by namespace and name.
+    pub fn claims_by_key(&self) -> HashMap<(&str, &str), &ResourceClaim> {
+        self.claims
+            .iter()
+            .map(|c| {
+                (
+                    (
+                        c.metadata.namespace.as_deref().unwrap_or_default(),
+                        c.metadata.name.as_deref().unwrap_or_default(),
+                    ),
+                    c,
+                )
+            })
+            .collect()
+    }
+
     /// The facts the selectors of `name` are matched against.
     pub fn node(&self, name: &str) -> NodeFacts {
         self.nodes

@@ -62,26 +62,25 @@ fn dechunk(mut body: &str) -> String {
 /// The value of the first sample of `metric` whose labels contain all of
 /// `labels` (`name="value"` fragments), from a Prometheus text exposition.
 pub fn metric_value(exposition: &str, metric: &str, labels: &[&str]) -> Option<f64> {
-    exposition
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.strip_prefix(metric)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
+    samples(exposition, metric)
         .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .find_map(sample_value)
+}
+
+/// The sample lines of `metric` (not of metrics whose name it prefixes).
+fn samples<'a>(exposition: &'a str, metric: &'a str) -> impl Iterator<Item = &'a str> {
+    exposition.lines().filter(move |l| {
+        !l.starts_with('#')
+            && l.strip_prefix(metric)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+    })
+}
+
+fn sample_value(line: &str) -> Option<f64> {
+    line.rsplit(' ').next()?.parse::<f64>().ok()
 }
 
 /// Sum of every sample of `metric` (all label sets).
 pub fn metric_sum(exposition: &str, metric: &str) -> f64 {
-    exposition
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.strip_prefix(metric)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    samples(exposition, metric).filter_map(sample_value).sum()
 }

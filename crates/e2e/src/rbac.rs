@@ -159,21 +159,31 @@ fn api_resource(doc: &Value) -> anyhow::Result<(ApiResource, bool)> {
     Ok((ApiResource::from_gvk_with_plural(&gvk, plural), namespaced))
 }
 
+/// The API of an RBAC document's kind (namespaced ones default to
+/// [`SYSTEM_NAMESPACE`]), the document as an object, and its resource.
+fn api_for(
+    client: &kube::Client,
+    doc: &Value,
+) -> anyhow::Result<(Api<DynamicObject>, DynamicObject, ApiResource)> {
+    let (ar, namespaced) = api_resource(doc)?;
+    let obj: DynamicObject = serde_json::from_value(doc.clone())?;
+    let api = if namespaced {
+        let ns = obj
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| SYSTEM_NAMESPACE.to_string());
+        Api::namespaced_with(client.clone(), &ns, &ar)
+    } else {
+        Api::all_with(client.clone(), &ar)
+    };
+    Ok((api, obj, ar))
+}
+
 /// Creates the RBAC objects as admin.
 pub async fn apply(client: &kube::Client, rbac: &Rbac) -> anyhow::Result<()> {
     for doc in &rbac.docs {
-        let (ar, namespaced) = api_resource(doc)?;
-        let obj: DynamicObject = serde_json::from_value(doc.clone())?;
-        let api: Api<DynamicObject> = if namespaced {
-            let ns = obj
-                .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| SYSTEM_NAMESPACE.to_string());
-            Api::namespaced_with(client.clone(), &ns, &ar)
-        } else {
-            Api::all_with(client.clone(), &ar)
-        };
+        let (api, obj, ar) = api_for(client, doc)?;
         api.create(&PostParams::default(), &obj)
             .await
             .with_context(|| {
@@ -199,19 +209,8 @@ pub async fn reapply_controller_rbac(
         return Ok(false);
     };
     for doc in from_chart(&yaml)?.docs {
-        let (ar, namespaced) = api_resource(&doc)?;
-        let obj: DynamicObject = serde_json::from_value(doc.clone())?;
+        let (api, obj, ar) = api_for(client, &doc)?;
         let name = obj.metadata.name.clone().unwrap_or_default();
-        let api: Api<DynamicObject> = if namespaced {
-            let ns = obj
-                .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| SYSTEM_NAMESPACE.to_string());
-            Api::namespaced_with(client.clone(), &ns, &ar)
-        } else {
-            Api::all_with(client.clone(), &ar)
-        };
         api.patch(
             &name,
             &kube::api::PatchParams::apply("e2e").force(),

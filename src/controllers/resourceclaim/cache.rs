@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::PodResourceClaim;
+
 use super::views::{ClaimView, PodGroupApi, PodGroupView, PodView, TemplateView};
 use crate::naming::{controller_of, controlling_pod, resolve_claim};
 
@@ -171,17 +173,20 @@ fn pod_claim_index(pod: &PodView) -> Vec<String> {
     keys
 }
 
-fn pod_template_index(pod: &PodView) -> Vec<String> {
-    let mut keys: Vec<String> = pod
-        .spec
-        .resource_claims
+/// `namespace/template` of every template the entries name, once each.
+fn template_keys(namespace: &str, entries: &[PodResourceClaim]) -> Vec<String> {
+    let mut keys: Vec<String> = entries
         .iter()
         .filter_map(|e| e.resource_claim_template_name.as_deref())
-        .map(|t| object_key(pod.namespace(), t))
+        .map(|t| object_key(namespace, t))
         .collect();
     keys.sort();
     keys.dedup();
     keys
+}
+
+fn pod_template_index(pod: &PodView) -> Vec<String> {
+    template_keys(pod.namespace(), &pod.spec.resource_claims)
 }
 
 /// The claim's controlling pod's UID, or `podgroup:<uid>` for a
@@ -208,16 +213,7 @@ fn pod_group_index(pod: &PodView) -> Vec<String> {
 }
 
 fn group_template_index(group: &PodGroupView) -> Vec<String> {
-    let mut keys: Vec<String> = group
-        .spec
-        .resource_claims
-        .iter()
-        .filter_map(|e| e.resource_claim_template_name.as_deref())
-        .map(|t| object_key(group.namespace(), t))
-        .collect();
-    keys.sort();
-    keys.dedup();
-    keys
+    template_keys(group.namespace(), &group.spec.resource_claims)
 }
 
 /// Every claim a PodGroup names: directly, or recorded in its status.

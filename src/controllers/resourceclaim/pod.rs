@@ -402,19 +402,32 @@ fn decide_reservations(
     }
 }
 
-/// Performs pod work. Returns an error (and the key is retried with
-/// backoff) when any entry failed or a write failed.
-pub async fn execute(
+/// What performing the entry actions of a pod or PodGroup gave.
+pub struct EntryOutcome {
+    /// The recorded claim names with the adopted and created ones put over them.
+    pub record: BTreeMap<String, Option<String>>,
+    /// Whether `record` changed (a status apply is due).
+    pub changed: bool,
+    /// `(entry, reason)` of every entry that could not be provided.
+    pub failures: Vec<(String, String)>,
+    /// Names of the claims created.
+    pub created: Vec<String>,
+}
+
+/// Adopts and creates the claims of an owner (a pod or a PodGroup with UID
+/// `owner_uid` in `ns`), counting creates under `owner`.
+pub async fn perform_entries(
     ctx: &Context,
-    pod: &PodView,
-    decision: PodDecision,
-) -> Result<Synced, SyncError> {
-    let (ns, name) = (pod.namespace(), pod.name());
-    let mut record = decision.recorded;
+    ns: &str,
+    owner_uid: &str,
+    owner: ClaimOwner,
+    mut record: BTreeMap<String, Option<String>>,
+    entries: Vec<EntryAction>,
+) -> EntryOutcome {
     let mut changed = false;
     let mut failures = Vec::new();
     let mut created = Vec::new();
-    for action in decision.entries {
+    for action in entries {
         match action {
             EntryAction::Adopt { entry, claim_name } => {
                 info!(entry = %entry, claim = %claim_name, "adopting existing claim");
@@ -425,12 +438,9 @@ pub async fn execute(
                 entry,
                 claim,
                 admin_access,
-            } => match create_unless_committed(ctx, pod.namespace(), pod.uid(), &entry, &claim)
-                .await
-            {
+            } => match create_unless_committed(ctx, ns, owner_uid, &entry, &claim).await {
                 Ok(claim) => {
-                    ctx.metrics
-                        .record_create(true, admin_access, ClaimOwner::POD);
+                    ctx.metrics.record_create(true, admin_access, owner);
                     info!(entry = %entry, claim = %claim.name(), "created claim");
                     record.insert(entry, Some(claim.name().to_string()));
                     created.push(claim.name().to_string());
@@ -438,10 +448,9 @@ pub async fn execute(
                     changed = true;
                 }
                 Err(err) => {
-                    ctx.metrics
-                        .record_create(false, admin_access, ClaimOwner::POD);
+                    ctx.metrics.record_create(false, admin_access, owner);
                     if may_have_committed(&err) {
-                        ctx.caches.mark_uncertain_create(pod.uid(), &entry);
+                        ctx.caches.mark_uncertain_create(owner_uid, &entry);
                     }
                     failures.push((entry, format!("creating ResourceClaim failed: {err}")));
                 }
@@ -449,6 +458,36 @@ pub async fn execute(
             EntryAction::Fail { entry, reason } => failures.push((entry, reason)),
         }
     }
+    EntryOutcome {
+        record,
+        changed,
+        failures,
+        created,
+    }
+}
+
+/// Performs pod work. Returns an error (and the key is retried with
+/// backoff) when any entry failed or a write failed.
+pub async fn execute(
+    ctx: &Context,
+    pod: &PodView,
+    decision: PodDecision,
+) -> Result<Synced, SyncError> {
+    let (ns, name) = (pod.namespace(), pod.name());
+    let EntryOutcome {
+        record,
+        changed,
+        failures,
+        created,
+    } = perform_entries(
+        ctx,
+        ns,
+        pod.uid(),
+        ClaimOwner::POD,
+        decision.recorded,
+        decision.entries,
+    )
+    .await;
     // Record what we have even when another entry failed: the claims made
     // so far are then found by name instead of by adoption. Entries that
     // failed keep the name they had (it is in `record` from the decision).
@@ -597,7 +636,7 @@ async fn report_missing_claim(
 /// instead of making a second one.
 /// Creates a generated claim of the owner (a pod or a PodGroup) with UID
 /// `owner_uid`, unless an earlier create whose answer was lost did commit.
-pub async fn create_unless_committed(
+async fn create_unless_committed(
     ctx: &Context,
     ns: &str,
     owner_uid: &str,

@@ -20,8 +20,8 @@ use super::events::Involved;
 use super::features::FeatureGates;
 use super::metrics::ClaimOwner;
 use super::pod::{
-    EntryAction, REASON_CREATION_FAILED, claim_statuses, create_unless_committed, generated_claim,
-    may_have_committed, usable_template,
+    EntryAction, EntryOutcome, REASON_CREATION_FAILED, claim_statuses, generated_claim,
+    perform_entries, usable_template,
 };
 use super::views::{PodGroupApi, PodGroupView};
 use crate::naming::{
@@ -78,11 +78,7 @@ pub fn decide(
             // A claim named directly is used as it is, never created.
             continue;
         };
-        if let Some(name) = group.recorded(&entry.name)
-            && caches
-                .claim(group.namespace(), name)
-                .is_some_and(|c| is_controlled_by(c.owner_references(), group.uid()))
-        {
+        if has_own_claim(group, &entry.name, caches) {
             continue;
         }
         // Adopt before creating: one claim per entry, whatever happened to
@@ -134,13 +130,16 @@ pub fn needs_work(group: &PodGroupView, caches: &Caches) -> bool {
             .resource_claims
             .iter()
             .filter(|e| e.resource_claim_template_name.is_some())
-            .any(|e| {
-                group.recorded(&e.name).is_none_or(|name| {
-                    caches
-                        .claim(group.namespace(), name)
-                        .is_none_or(|c| !is_controlled_by(c.owner_references(), group.uid()))
-                })
-            })
+            .any(|e| !has_own_claim(group, &e.name, caches))
+}
+
+/// Whether the claim recorded for `entry` exists and the group controls it.
+fn has_own_claim(group: &PodGroupView, entry: &str, caches: &Caches) -> bool {
+    group.recorded(entry).is_some_and(|name| {
+        caches
+            .claim(group.namespace(), name)
+            .is_some_and(|c| is_controlled_by(c.owner_references(), group.uid()))
+    })
 }
 
 fn involved<'a>(group: &'a PodGroupView, api: &PodGroupApi) -> Involved<'a> {
@@ -162,39 +161,20 @@ pub async fn execute(
     decision: GroupDecision,
 ) -> Result<(), SyncError> {
     let (ns, name) = (group.namespace(), group.name());
-    let mut record = decision.recorded;
-    let mut changed = false;
-    let mut failures = Vec::new();
-    for action in decision.entries {
-        match action {
-            EntryAction::Adopt { entry, claim_name } => {
-                info!(entry = %entry, claim = %claim_name, "adopting existing PodGroup claim");
-                record.insert(entry, Some(claim_name));
-                changed = true;
-            }
-            EntryAction::Create {
-                entry,
-                claim,
-                admin_access,
-            } => match create_unless_committed(ctx, ns, group.uid(), &entry, &claim).await {
-                Ok(claim) => {
-                    ctx.metrics.record_create(true, admin_access, GROUP_OWNER);
-                    info!(entry = %entry, claim = %claim.name(), "created PodGroup claim");
-                    record.insert(entry, Some(claim.name().to_string()));
-                    ctx.caches.remember_created(claim);
-                    changed = true;
-                }
-                Err(err) => {
-                    ctx.metrics.record_create(false, admin_access, GROUP_OWNER);
-                    if may_have_committed(&err) {
-                        ctx.caches.mark_uncertain_create(group.uid(), &entry);
-                    }
-                    failures.push((entry, format!("creating ResourceClaim failed: {err}")));
-                }
-            },
-            EntryAction::Fail { entry, reason } => failures.push((entry, reason)),
-        }
-    }
+    let EntryOutcome {
+        record,
+        changed,
+        failures,
+        ..
+    } = perform_entries(
+        ctx,
+        ns,
+        group.uid(),
+        GROUP_OWNER,
+        decision.recorded,
+        decision.entries,
+    )
+    .await;
     let applied = if changed {
         let body = json!({
             "apiVersion": api.api_version(),

@@ -104,6 +104,13 @@ macro_rules! namespaced_resource {
             }
         }
 
+        metadata_accessors!($ty);
+    };
+}
+
+/// `name()`, `namespace()` and `uid()` of a view with `metadata`.
+macro_rules! metadata_accessors {
+    ($ty:ty) => {
         /// Name, namespace and UID; empty when unset.
         impl $ty {
             pub fn name(&self) -> &str {
@@ -532,16 +539,9 @@ impl Resource for PodGroupView {
     }
 }
 
+metadata_accessors!(PodGroupView);
+
 impl PodGroupView {
-    pub fn name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
-    }
-    pub fn namespace(&self) -> &str {
-        self.metadata.namespace.as_deref().unwrap_or_default()
-    }
-    pub fn uid(&self) -> &str {
-        self.metadata.uid.as_deref().unwrap_or_default()
-    }
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
     }
