@@ -21,6 +21,7 @@
 //! The library surface exists so that integration tests and benchmarks can
 //! drive the same code the binary runs.
 
+pub mod allocate;
 pub mod app;
 pub mod cli;
 pub mod client;

@@ -1,0 +1,766 @@
+//! The allocator: which devices of one node a claim gets, as kube-scheduler's
+//! structured allocator would pick them, or why it gets none.
+//!
+//! Pure: the claim, the DeviceClasses, the node's [`Inventory`] and the
+//! devices other claims hold go in; an [`AllocationResult`] or a reason
+//! comes out. Search is depth-first in kube-scheduler's order (requests in
+//! order, subrequests in order, devices in inventory order, combinations
+//! not permutations); the first complete solution wins.
+
+use std::collections::{BTreeMap, HashSet};
+
+use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceClass,
+    DeviceRequestAllocationResult, DeviceSelector, DeviceTaint, DeviceToleration, ResourceClaim,
+};
+
+use super::inventory::{DeviceId, Inventory, NodeDevice};
+use super::selector::{AttributeValue, Selector};
+
+/// The most devices one claim may be allocated (the API's limit).
+pub const MAX_DEVICES_PER_CLAIM: usize = 32;
+/// Search steps before giving up on a claim: a bound on CPU per attempt.
+pub const MAX_SEARCH_STEPS: usize = 200_000;
+
+/// Everything the allocator looks at.
+pub struct AllocationInput<'a> {
+    pub claim: &'a ResourceClaim,
+    pub classes: &'a BTreeMap<String, DeviceClass>,
+    pub node: &'a str,
+    pub inventory: &'a Inventory,
+    /// Devices allocated to other claims (admin-access allocations excluded:
+    /// they do not take a device).
+    pub in_use: &'a HashSet<DeviceId>,
+    /// Whether requests may use `adminAccess` and `firstAvailable` (the
+    /// DRAAdminAccess and DRAPrioritizedList gates).
+    pub admin_access_enabled: bool,
+    pub prioritized_list_enabled: bool,
+}
+
+/// What the allocator decided.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    Allocated(AllocationResult),
+    /// The node's devices do not satisfy the claim now; may change when
+    /// slices or other claims do. The text says what was tried.
+    Unsatisfiable(String),
+    /// The claim (or a class, or the node's slices) asks for something this
+    /// allocator does not do, or is wrong; retrying will not help until it
+    /// is changed. The text names the object and field.
+    Refused(String),
+}
+
+/// How many devices a request alternative takes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Count(usize),
+    All,
+}
+
+/// One way to satisfy a request: the request itself (`exactly`) or one of
+/// its subrequests (`firstAvailable`).
+struct Alternative {
+    /// The name results use: `req` or `req/sub`.
+    name: String,
+    class_name: String,
+    mode: Mode,
+    admin: bool,
+    tolerations: Vec<DeviceToleration>,
+    /// Indices into the inventory of devices it may take, in order.
+    candidates: Vec<usize>,
+    /// For `All`: every device its selectors match, usable or not.
+    matching: Vec<usize>,
+    tally: Tally,
+}
+
+/// Why devices were not offered to an alternative, for the failure message.
+#[derive(Clone, Debug, Default)]
+struct Tally {
+    total: usize,
+    class_rejected: usize,
+    request_rejected: usize,
+    unsupported: usize,
+    tainted: usize,
+    in_use: usize,
+    free: usize,
+}
+
+struct Request {
+    /// The request's own name (the parent of subrequests).
+    name: String,
+    alternatives: Vec<Alternative>,
+}
+
+struct MatchConstraint {
+    /// Request names (`req` or `req/sub`) it covers; empty: all.
+    requests: Vec<String>,
+    attribute: String,
+}
+
+/// Allocates the claim's devices on the input's node.
+pub fn allocate(input: &AllocationInput) -> Outcome {
+    let claim_key = claim_key(input.claim);
+    let requests = match prepare(input, &claim_key) {
+        Ok(r) => r,
+        Err(refusal) => return Outcome::Refused(refusal),
+    };
+    let constraints = match constraints(input.claim, &claim_key) {
+        Ok(c) => c,
+        Err(refusal) => return Outcome::Refused(refusal),
+    };
+    for req in &requests {
+        for alt in &req.alternatives {
+            if alt.mode == Mode::All
+                && let Some((pool, state)) = input.inventory.pool_problems().next()
+            {
+                return Outcome::Refused(format!(
+                    "claim {claim_key}, request {}: asks for all devices, but resource pool {pool} {state}",
+                    alt.name
+                ));
+            }
+        }
+    }
+    let mut search = Search {
+        requests: &requests,
+        devices: &input.inventory.devices,
+        constraints: &constraints,
+        values: vec![None; constraints.len()],
+        taken: HashSet::new(),
+        chosen: Vec::new(),
+        steps: 0,
+    };
+    match search.solve(0) {
+        Err(refusal) => Outcome::Refused(format!("claim {claim_key}: {refusal}")),
+        Ok(true) => Outcome::Allocated(result(input, &requests, &search.chosen)),
+        Ok(false) => Outcome::Unsatisfiable(explain(input, &requests, &constraints)),
+    }
+}
+
+fn claim_devices(claim: &ResourceClaim) -> Option<&k8s_openapi::api::resource::v1::DeviceClaim> {
+    claim.spec.as_ref()?.devices.as_ref()
+}
+
+fn claim_key(claim: &ResourceClaim) -> String {
+    format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Compiles selectors and filters the inventory per request alternative.
+fn prepare(input: &AllocationInput, claim_key: &str) -> Result<Vec<Request>, String> {
+    let requests = claim_devices(input.claim).and_then(|d| d.requests.as_ref());
+    let mut prepared = Vec::new();
+    let mut exact_total = 0usize;
+    for (i, request) in requests.into_iter().flatten().enumerate() {
+        let field = format!("spec.devices.requests[{i}]");
+        let mut alternatives = Vec::new();
+        if let Some(exactly) = &request.exactly {
+            if exactly.capacity.is_some() {
+                return Err(format!(
+                    "claim {claim_key}, request {}: {field}.exactly.capacity asks for consumable \
+                     capacity, which this allocator does not support: remove it, or schedule the pod \
+                     through kube-scheduler",
+                    request.name
+                ));
+            }
+            let admin = exactly.admin_access == Some(true);
+            if admin && !input.admin_access_enabled {
+                return Err(format!(
+                    "claim {claim_key}, request {}: admin access is requested, but the DRAAdminAccess \
+                     feature gate is off",
+                    request.name
+                ));
+            }
+            let alt = alternative(
+                input,
+                claim_key,
+                &request.name,
+                &exactly.device_class_name,
+                exactly.selectors.as_deref().unwrap_or_default(),
+                exactly.allocation_mode.as_deref(),
+                exactly.count,
+                admin,
+                exactly.tolerations.clone().unwrap_or_default(),
+            )?;
+            if let Mode::Count(n) = alt.mode {
+                exact_total += n;
+            }
+            alternatives.push(alt);
+        } else if let Some(subs) = request.first_available.as_ref().filter(|s| !s.is_empty()) {
+            if !input.prioritized_list_enabled {
+                return Err(format!(
+                    "claim {claim_key}, request {}: has subrequests, but the DRAPrioritizedList \
+                     feature gate is off",
+                    request.name
+                ));
+            }
+            for sub in subs {
+                if sub.capacity.is_some() {
+                    return Err(format!(
+                        "claim {claim_key}, request {}/{}: {field}.firstAvailable capacity asks for \
+                         consumable capacity, which this allocator does not support",
+                        request.name, sub.name
+                    ));
+                }
+                alternatives.push(alternative(
+                    input,
+                    claim_key,
+                    &format!("{}/{}", request.name, sub.name),
+                    &sub.device_class_name,
+                    sub.selectors.as_deref().unwrap_or_default(),
+                    sub.allocation_mode.as_deref(),
+                    sub.count,
+                    false,
+                    sub.tolerations.clone().unwrap_or_default(),
+                )?);
+            }
+        } else {
+            return Err(format!(
+                "claim {claim_key}, request {}: {field} sets neither exactly nor firstAvailable \
+                 (a request type this allocator does not know)",
+                request.name
+            ));
+        }
+        prepared.push(Request {
+            name: request.name.clone(),
+            alternatives,
+        });
+    }
+    if exact_total > MAX_DEVICES_PER_CLAIM {
+        return Err(format!(
+            "claim {claim_key}: number of requested devices {exact_total} exceeds the claim limit of \
+             {MAX_DEVICES_PER_CLAIM}"
+        ));
+    }
+    Ok(prepared)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn alternative(
+    input: &AllocationInput,
+    claim_key: &str,
+    name: &str,
+    class_name: &str,
+    request_selectors: &[DeviceSelector],
+    allocation_mode: Option<&str>,
+    count: Option<i64>,
+    admin: bool,
+    tolerations: Vec<DeviceToleration>,
+) -> Result<Alternative, String> {
+    if class_name.is_empty() {
+        return Err(format!(
+            "claim {claim_key}, request {name}: missing device class name"
+        ));
+    }
+    let Some(class) = input.classes.get(class_name) else {
+        return Err(format!(
+            "claim {claim_key}, request {name}: DeviceClass {class_name} not found: create it, or fix \
+             the request's deviceClassName"
+        ));
+    };
+    let mode = match allocation_mode.unwrap_or("ExactCount") {
+        "ExactCount" | "" => Mode::Count(usize::try_from(count.unwrap_or(1)).unwrap_or(0)),
+        "All" => Mode::All,
+        other => {
+            return Err(format!(
+                "claim {claim_key}, request {name}: unsupported allocationMode {other}"
+            ));
+        }
+    };
+    let class_selectors = compile_all(
+        class
+            .spec
+            .as_ref()
+            .and_then(|s| s.selectors.as_deref())
+            .unwrap_or_default(),
+        &format!("class {class_name}"),
+    )?;
+    let own_selectors = compile_all(request_selectors, &format!("claim {claim_key}"))?;
+    let mut tally = Tally::default();
+    let mut candidates = Vec::new();
+    let mut matching = Vec::new();
+    for (idx, device) in input.inventory.devices.iter().enumerate() {
+        tally.total += 1;
+        if !selected(&class_selectors, device)? {
+            tally.class_rejected += 1;
+            continue;
+        }
+        if !selected(&own_selectors, device)? {
+            tally.request_rejected += 1;
+            continue;
+        }
+        matching.push(idx);
+        if device.unsupported.is_some() {
+            tally.unsupported += 1;
+        } else if !tolerated(&device.taints, &tolerations) {
+            tally.tainted += 1;
+        } else if !admin && input.in_use.contains(&device.id) {
+            tally.in_use += 1;
+        } else {
+            tally.free += 1;
+            candidates.push(idx);
+        }
+    }
+    Ok(Alternative {
+        name: name.to_string(),
+        class_name: class_name.to_string(),
+        mode,
+        admin,
+        tolerations,
+        candidates,
+        matching,
+        tally,
+    })
+}
+
+/// `(where, selector)` for each CEL selector; `where` is how errors name it.
+fn compile_all(
+    selectors: &[DeviceSelector],
+    owner: &str,
+) -> Result<Vec<(String, Selector)>, String> {
+    selectors
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let origin = format!("{owner}: selector #{i}");
+            let Some(cel) = &s.cel else {
+                return Err(format!(
+                    "{origin}: CEL expression empty (unsupported selector type?)"
+                ));
+            };
+            Selector::compile(&cel.expression)
+                .map(|compiled| (origin.clone(), compiled))
+                .map_err(|e| format!("{origin}: {e}"))
+        })
+        .collect()
+}
+
+fn selected(selectors: &[(String, Selector)], device: &NodeDevice) -> Result<bool, String> {
+    for (origin, selector) in selectors {
+        match selector.matches(&device.facts) {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(e) => {
+                return Err(format!(
+                    "{origin}: CEL runtime error on device {}: {e}",
+                    device.id
+                ));
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Whether every taint that keeps devices from new pods is tolerated.
+pub fn tolerated(taints: &[DeviceTaint], tolerations: &[DeviceToleration]) -> bool {
+    taints
+        .iter()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .all(|taint| tolerations.iter().any(|t| tolerates(t, taint)))
+}
+
+fn tolerates(toleration: &DeviceToleration, taint: &DeviceTaint) -> bool {
+    let nonempty = |s: &Option<String>| s.as_deref().filter(|s| !s.is_empty()).map(str::to_string);
+    if nonempty(&toleration.effect).is_some_and(|e| e != taint.effect) {
+        return false;
+    }
+    if nonempty(&toleration.key).is_some_and(|k| k != taint.key) {
+        return false;
+    }
+    match toleration.operator.as_deref().unwrap_or("") {
+        "Exists" => true,
+        "" | "Equal" => {
+            toleration.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
+        }
+        _ => false,
+    }
+}
+
+fn constraints(claim: &ResourceClaim, claim_key: &str) -> Result<Vec<MatchConstraint>, String> {
+    let list = claim_devices(claim).and_then(|d| d.constraints.as_ref());
+    list.into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| {
+            if c.distinct_attribute.is_some() {
+                return Err(format!(
+                    "claim {claim_key}, constraint #{i}: spec.devices.constraints[{i}].distinctAttribute \
+                     is not supported by this allocator"
+                ));
+            }
+            let Some(attribute) = &c.match_attribute else {
+                return Err(format!(
+                    "claim {claim_key}, constraint #{i}: empty constraint (unsupported constraint type?)"
+                ));
+            };
+            Ok(MatchConstraint {
+                requests: c.requests.clone().unwrap_or_default(),
+                attribute: attribute.clone(),
+            })
+        })
+        .collect()
+}
+
+impl MatchConstraint {
+    fn covers(&self, alternative: &str) -> bool {
+        self.requests.is_empty()
+            || self.requests.iter().any(|r| {
+                r == alternative
+                    || alternative
+                        .split_once('/')
+                        .is_some_and(|(parent, _)| r == parent)
+            })
+    }
+
+    fn value_of(&self, device: &NodeDevice) -> Option<AttributeValue> {
+        let (domain, id) = super::inventory::qualified(&device.id.driver, &self.attribute);
+        device.facts.attributes.get(&domain)?.get(&id).cloned()
+    }
+}
+
+/// The depth-first search over requests, alternatives and devices.
+struct Search<'a> {
+    requests: &'a [Request],
+    devices: &'a [NodeDevice],
+    constraints: &'a [MatchConstraint],
+    /// The value each constraint is pinned to by the first device it saw.
+    values: Vec<Option<AttributeValue>>,
+    /// Devices this claim has taken so far.
+    taken: HashSet<usize>,
+    /// Per solved request: the alternative chosen and its devices.
+    chosen: Vec<(usize, Vec<usize>)>,
+    steps: usize,
+}
+
+impl Search<'_> {
+    fn solve(&mut self, request: usize) -> Result<bool, String> {
+        if request == self.requests.len() {
+            return Ok(true);
+        }
+        for (a, alt) in self.requests[request].alternatives.iter().enumerate() {
+            let found = match alt.mode {
+                Mode::Count(n) if n > MAX_DEVICES_PER_CLAIM || n > alt.candidates.len() => false,
+                Mode::Count(n) => self.pick(request, a, n, 0, &mut Vec::new())?,
+                Mode::All => self.take_all(request, a)?,
+            };
+            if found {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn step(&mut self) -> Result<(), String> {
+        self.steps += 1;
+        if self.steps > MAX_SEARCH_STEPS {
+            return Err(format!(
+                "no allocation found within {MAX_SEARCH_STEPS} search steps; simplify the claim's \
+                 requests and constraints"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Picks `left` more devices for alternative `a` of `request`, from
+    /// candidate position `start` on (combinations, not permutations).
+    fn pick(
+        &mut self,
+        request: usize,
+        a: usize,
+        left: usize,
+        start: usize,
+        picked: &mut Vec<usize>,
+    ) -> Result<bool, String> {
+        if left == 0 {
+            self.chosen.push((a, picked.clone()));
+            if self.solve(request + 1)? {
+                return Ok(true);
+            }
+            self.chosen.pop();
+            return Ok(false);
+        }
+        let alt = &self.requests[request].alternatives[a];
+        for pos in start..alt.candidates.len() {
+            if alt.candidates.len() - pos < left {
+                break;
+            }
+            self.step()?;
+            let device = alt.candidates[pos];
+            let Some(saved) = self.take(&alt.name, device) else {
+                continue;
+            };
+            picked.push(device);
+            if self.pick(request, a, left - 1, pos + 1, picked)? {
+                return Ok(true);
+            }
+            picked.pop();
+            self.give_back(device, saved);
+        }
+        Ok(false)
+    }
+
+    /// `All`: every matching device, each usable, at least one.
+    fn take_all(&mut self, request: usize, a: usize) -> Result<bool, String> {
+        let alt = &self.requests[request].alternatives[a];
+        if alt.matching.is_empty()
+            || alt.matching.len() != alt.candidates.len()
+            || alt.matching.len() > MAX_DEVICES_PER_CLAIM
+        {
+            return Ok(false);
+        }
+        let before = self.values.clone();
+        let mut taken = Vec::new();
+        for &device in &alt.candidates {
+            self.step()?;
+            if self.taken.contains(&device) {
+                self.undo_all(&taken, before);
+                return Ok(false);
+            }
+            if self.take(&alt.name, device).is_none() {
+                return Err(format!(
+                    "request {}: cannot add device {} because a claim constraint would not be satisfied",
+                    alt.name, self.devices[device].id
+                ));
+            }
+            taken.push(device);
+        }
+        self.chosen.push((a, taken.clone()));
+        if self.solve(request + 1)? {
+            return Ok(true);
+        }
+        self.chosen.pop();
+        self.undo_all(&taken, before);
+        Ok(false)
+    }
+
+    fn undo_all(&mut self, taken: &[usize], values: Vec<Option<AttributeValue>>) {
+        for device in taken {
+            self.taken.remove(device);
+        }
+        self.values = values;
+    }
+
+    /// Takes `device` for the alternative named `name` if the claim does not
+    /// hold it yet and every constraint covering `name` allows it; returns
+    /// the constraint values to restore when giving it back.
+    fn take(&mut self, name: &str, device: usize) -> Option<Vec<Option<AttributeValue>>> {
+        if self.taken.contains(&device) {
+            return None;
+        }
+        let saved = self.values.clone();
+        for (i, constraint) in self.constraints.iter().enumerate() {
+            if !constraint.covers(name) {
+                continue;
+            }
+            let Some(value) = constraint.value_of(&self.devices[device]) else {
+                self.values = saved;
+                return None;
+            };
+            match &self.values[i] {
+                Some(pinned) if *pinned != value => {
+                    self.values = saved;
+                    return None;
+                }
+                Some(_) => {}
+                None => self.values[i] = Some(value),
+            }
+        }
+        self.taken.insert(device);
+        Some(saved)
+    }
+
+    fn give_back(&mut self, device: usize, saved: Vec<Option<AttributeValue>>) {
+        self.taken.remove(&device);
+        self.values = saved;
+    }
+}
+
+/// The allocation result for the chosen devices.
+fn result(
+    input: &AllocationInput,
+    requests: &[Request],
+    chosen: &[(usize, Vec<usize>)],
+) -> AllocationResult {
+    let mut results = Vec::new();
+    for (request, (a, devices)) in requests.iter().zip(chosen) {
+        let alt = &request.alternatives[*a];
+        for &d in devices {
+            let id = &input.inventory.devices[d].id;
+            results.push(DeviceRequestAllocationResult {
+                request: alt.name.clone(),
+                driver: id.driver.clone(),
+                pool: id.pool.clone(),
+                device: id.device.clone(),
+                admin_access: alt.admin.then_some(true),
+                tolerations: (!alt.tolerations.is_empty()).then(|| alt.tolerations.clone()),
+                ..Default::default()
+            });
+        }
+    }
+    let config = configs(input, requests, chosen);
+    let node_selector = (!results.is_empty()).then(|| NodeSelector {
+        node_selector_terms: vec![NodeSelectorTerm {
+            match_fields: Some(vec![NodeSelectorRequirement {
+                key: "metadata.name".to_string(),
+                operator: "In".to_string(),
+                values: Some(vec![input.node.to_string()]),
+            }]),
+            match_expressions: None,
+        }],
+    });
+    AllocationResult {
+        devices: Some(DeviceAllocationResult {
+            results: Some(results),
+            config: (!config.is_empty()).then_some(config),
+        }),
+        node_selector,
+        allocation_timestamp: None,
+    }
+}
+
+/// Class configs first (each class once, naming every request that used
+/// it), then the claim's configs that apply to a chosen request — in the
+/// order and shape kube-scheduler writes them.
+fn configs(
+    input: &AllocationInput,
+    requests: &[Request],
+    chosen: &[(usize, Vec<usize>)],
+) -> Vec<DeviceAllocationConfiguration> {
+    let mut out: Vec<DeviceAllocationConfiguration> = Vec::new();
+    let mut class_entries: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (request, (a, _)) in requests.iter().zip(chosen) {
+        let alt = &request.alternatives[*a];
+        if let Some(indices) = class_entries.get(alt.class_name.as_str()) {
+            for &i in indices {
+                out[i]
+                    .requests
+                    .get_or_insert_with(Vec::new)
+                    .push(alt.name.clone());
+            }
+            continue;
+        }
+        let class = &input.classes[&alt.class_name];
+        let mut indices = Vec::new();
+        let class_configs = class.spec.as_ref().and_then(|s| s.config.as_ref());
+        for config in class_configs.into_iter().flatten() {
+            indices.push(out.len());
+            out.push(DeviceAllocationConfiguration {
+                source: "FromClass".to_string(),
+                requests: Some(vec![alt.name.clone()]),
+                opaque: config.opaque.clone(),
+            });
+        }
+        class_entries.insert(alt.class_name.as_str(), indices);
+    }
+    let claim_configs = claim_devices(input.claim).and_then(|d| d.config.as_ref());
+    for config in claim_configs.into_iter().flatten() {
+        let named = config.requests.clone().unwrap_or_default();
+        let entry = || DeviceAllocationConfiguration {
+            source: "FromClaim".to_string(),
+            requests: config.requests.clone().filter(|r| !r.is_empty()),
+            opaque: config.opaque.clone(),
+        };
+        if named.is_empty() {
+            out.push(entry());
+            continue;
+        }
+        for (request, (a, _)) in requests.iter().zip(chosen) {
+            let alt = &request.alternatives[*a];
+            if named.iter().any(|n| *n == request.name || *n == alt.name) {
+                out.push(entry());
+            }
+        }
+    }
+    out
+}
+
+/// What was tried and why it failed, per request.
+fn explain(
+    input: &AllocationInput,
+    requests: &[Request],
+    constraints: &[MatchConstraint],
+) -> String {
+    let node = input.node;
+    let mut parts = Vec::new();
+    let mut each_alone_fits = true;
+    for request in requests {
+        for alt in &request.alternatives {
+            let t = &alt.tally;
+            let needed = match alt.mode {
+                Mode::Count(n) => n.to_string(),
+                Mode::All => format!("all {}", alt.matching.len()),
+            };
+            let fits = match alt.mode {
+                Mode::Count(n) => t.free >= n,
+                Mode::All => !alt.matching.is_empty() && alt.matching.len() == alt.candidates.len(),
+            };
+            if !fits {
+                each_alone_fits = false;
+            }
+            let mut counts = vec![format!("{} devices on node {node}", t.total)];
+            for (n, what) in [
+                (
+                    t.class_rejected,
+                    format!("rejected by class {}", alt.class_name),
+                ),
+                (
+                    t.request_rejected,
+                    "rejected by the request's selectors".to_string(),
+                ),
+                (
+                    t.unsupported,
+                    "use features this allocator does not support".to_string(),
+                ),
+                (t.tainted, "tainted and not tolerated".to_string()),
+                (t.in_use, "allocated to other claims".to_string()),
+            ] {
+                if n > 0 {
+                    counts.push(format!("{n} {what}"));
+                }
+            }
+            counts.push(format!("{} free", t.free));
+            counts.push(format!("{needed} needed"));
+            parts.push(format!("request {}: {}", alt.name, counts.join(", ")));
+        }
+    }
+    let mut message = parts.join("; ");
+    if each_alone_fits && !requests.is_empty() {
+        let attrs: Vec<&str> = constraints.iter().map(|c| c.attribute.as_str()).collect();
+        if attrs.is_empty() {
+            message.push_str("; not enough devices for all requests together");
+        } else {
+            message.push_str(&format!(
+                "; no set of free devices has equal values of {}",
+                attrs.join(", ")
+            ));
+        }
+    }
+    let problems: Vec<String> = input
+        .inventory
+        .pool_problems()
+        .map(|(pool, state)| format!("pool {pool} {state} and was not used"))
+        .collect();
+    if !problems.is_empty() {
+        message.push_str(&format!("; {}", problems.join(", ")));
+    }
+    let unsupported: Vec<String> = input
+        .inventory
+        .devices
+        .iter()
+        .filter_map(|d| d.unsupported.as_ref().map(|why| format!("{} {why}", d.id)))
+        .take(3)
+        .collect();
+    if !unsupported.is_empty() {
+        message.push_str(&format!("; not supported: {}", unsupported.join(", ")));
+    }
+    if input.inventory.devices.is_empty() && problems.is_empty() {
+        message.push_str(&format!(
+            " (node {node} publishes no node-local ResourceSlices; network-attached and allNodes \
+             devices are never used by this allocator)"
+        ));
+    }
+    message
+}

@@ -1,0 +1,529 @@
+//! CEL device selectors, in the Kubernetes DRA environment: the variable
+//! `device` (`driver`, `attributes[domain][name]`, `capacity[domain][name]`
+//! as quantities, `allowMultipleAllocations`), the standard library, the
+//! string extensions, `quantity()` and `semver()` with their methods,
+//! `isSorted()` and `cel.bind()`.
+//!
+//! An expression that names a function outside that set is refused when it
+//! is compiled, never evaluated: a selector we cannot evaluate as the API
+//! server documents it must not pick devices.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, LazyLock};
+
+use cel::common::ast::{ComprehensionExpr, Expr, ListExpr, LiteralValue, operators};
+use cel::extractors::This;
+use cel::objects::{Key, Map, Opaque};
+use cel::parser::Macro;
+use cel::{Context, Env, ExecutionError, Program, Value};
+
+use super::quantity::Quantity;
+use super::semver::Version;
+
+/// A device as selectors see it.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceFacts {
+    pub driver: String,
+    /// domain → name → value; names without a domain belong to the driver's.
+    pub attributes: BTreeMap<String, BTreeMap<String, AttributeValue>>,
+    pub capacity: BTreeMap<String, BTreeMap<String, Quantity>>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttributeValue {
+    Bool(bool),
+    Int(i64),
+    String(String),
+    Version(Version),
+}
+
+/// A compiled selector, with the string literals it uses (the candidate
+/// attribute domains: a domain a device lacks reads as an empty map).
+pub struct Selector {
+    program: Program,
+    literals: BTreeSet<String>,
+}
+
+/// Functions and operators a selector may use. Everything here is either
+/// CEL's standard library, the string extension, or defined below.
+const SUPPORTED: &[&str] = &[
+    // operators
+    operators::CONDITIONAL,
+    operators::LOGICAL_AND,
+    operators::LOGICAL_OR,
+    operators::LOGICAL_NOT,
+    operators::SUBSTRACT,
+    operators::ADD,
+    operators::MULTIPLY,
+    operators::DIVIDE,
+    operators::MODULO,
+    operators::EQUALS,
+    operators::NOT_EQUALS,
+    operators::GREATER_EQUALS,
+    operators::LESS_EQUALS,
+    operators::GREATER,
+    operators::LESS,
+    operators::NEGATE,
+    operators::INDEX,
+    operators::NOT_STRICTLY_FALSE,
+    operators::IN,
+    // standard functions
+    "size",
+    "contains",
+    "startsWith",
+    "endsWith",
+    "matches",
+    "int",
+    "uint",
+    "double",
+    "string",
+    "bool",
+    "dyn",
+    // string extension
+    "charAt",
+    "indexOf",
+    "lastIndexOf",
+    "lowerAscii",
+    "upperAscii",
+    "replace",
+    "split",
+    "substring",
+    "trim",
+    "join",
+    // Kubernetes quantity and semver libraries, list library (part)
+    "quantity",
+    "isQuantity",
+    "semver",
+    "isSemver",
+    "compareTo",
+    "isGreaterThan",
+    "isLessThan",
+    "add",
+    "sub",
+    "asInteger",
+    "asApproximateFloat",
+    "isInteger",
+    "sign",
+    "major",
+    "minor",
+    "patch",
+    "isSorted",
+];
+
+static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
+    let mut env = Env::stdlib();
+    env.add_extension(cel::extensions::strings)
+        .expect("the string extension declares no conflicting overloads");
+    env.add_macro(Macro::receiver("bind", 3, bind_macro))
+        .expect("bind is declared once");
+    Arc::new(env)
+});
+
+/// Why a selector cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SelectorError {
+    /// Does not parse.
+    Compile(String),
+    /// Names functions this allocator does not implement.
+    Unsupported(Vec<String>),
+}
+
+impl std::fmt::Display for SelectorError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SelectorError::Compile(msg) => write!(f, "CEL compile error: {msg}"),
+            SelectorError::Unsupported(names) => write!(
+                f,
+                "uses {} this allocator does not support: {}",
+                if names.len() == 1 {
+                    "a function"
+                } else {
+                    "functions"
+                },
+                names.join(", ")
+            ),
+        }
+    }
+}
+
+impl Selector {
+    pub fn compile(expression: &str) -> Result<Self, SelectorError> {
+        let program = ENV
+            .compile(expression)
+            .map_err(|e| SelectorError::Compile(e.to_string().trim().to_string()))?;
+        let mut unsupported: BTreeSet<String> = program
+            .references()
+            .functions()
+            .into_iter()
+            .filter(|f| !SUPPORTED.contains(f))
+            .map(str::to_string)
+            .collect();
+        namespaced_calls(program.expression(), &mut unsupported);
+        if !unsupported.is_empty() {
+            return Err(SelectorError::Unsupported(
+                unsupported.into_iter().collect(),
+            ));
+        }
+        Ok(Selector {
+            program,
+            literals: string_literals(expression),
+        })
+    }
+
+    /// Whether `device` is selected; an evaluation error (a missing
+    /// attribute, a type mismatch) is the error text.
+    pub fn matches(&self, device: &DeviceFacts) -> Result<bool, String> {
+        let mut ctx = base_context();
+        ctx.add_variable_from_value("device", device_value(device, &self.literals));
+        match self.program.execute(&ctx) {
+            Ok(Value::Bool(selected)) => Ok(selected),
+            Ok(other) => Err(format!(
+                "expression must evaluate to bool, got {:?}",
+                other.type_of()
+            )),
+            Err(err) => Err(describe(&err)),
+        }
+    }
+}
+
+fn describe(err: &ExecutionError) -> String {
+    match err {
+        ExecutionError::NoSuchKey(key) => format!("no such key: {key}"),
+        other => other.to_string(),
+    }
+}
+
+/// `cel.bind(name, init, expr)`: `expr` with `name` bound to `init`, as a
+/// comprehension over nothing whose accumulator is the binding.
+fn bind_macro(
+    helper: &mut cel::parser::MacroExprHelper<'_>,
+    target: &mut Option<cel::IdedExpr>,
+    args: &mut Vec<cel::IdedExpr>,
+) -> Result<Option<cel::IdedExpr>, cel::ParseError> {
+    if !matches!(target.as_ref().map(|t| &t.expr), Some(Expr::Ident(ns)) if ns == "cel") {
+        return Ok(None);
+    }
+    let Expr::Ident(name) = &args[0].expr else {
+        let id = args[0].id;
+        return Err(helper.new_error(id, "cel.bind() variable name must be a simple identifier"));
+    };
+    let name = name.clone();
+    target.take();
+    let result = args.pop().expect("three arguments");
+    let init = args.pop().expect("three arguments");
+    let iter_range = helper.next_expr(Expr::List(ListExpr::new(Vec::new())));
+    let loop_cond = helper.next_expr(Expr::Literal(LiteralValue::Boolean(false.into())));
+    let loop_step = helper.next_expr(Expr::Ident(name.clone()));
+    Ok(Some(helper.next_expr(Expr::Comprehension(Box::new(
+        ComprehensionExpr {
+            iter_range,
+            iter_var: "#unused".to_string(),
+            iter_var2: None,
+            accu_var: name,
+            accu_init: init,
+            loop_cond,
+            loop_step,
+            result,
+        },
+    )))))
+}
+
+/// Library namespaces of CEL extensions this allocator does not load.
+const FOREIGN_NAMESPACES: &[&str] = &[
+    "sets", "strings", "lists", "math", "base64", "optional", "cel",
+];
+
+/// Calls like `sets.contains(..)`: parsed as a method on an unknown
+/// variable, they would otherwise fail only at run time, with a vaguer text.
+fn namespaced_calls(expr: &cel::IdedExpr, found: &mut BTreeSet<String>) {
+    use cel::common::ast::EntryExpr;
+    match &expr.expr {
+        Expr::Call(call) => {
+            if let Some(target) = &call.target {
+                if let Expr::Ident(ns) = &target.expr
+                    && FOREIGN_NAMESPACES.contains(&ns.as_str())
+                {
+                    found.insert(format!("{ns}.{}", call.func_name));
+                }
+                namespaced_calls(target, found);
+            }
+            call.args.iter().for_each(|a| namespaced_calls(a, found));
+        }
+        Expr::Comprehension(c) => {
+            for e in [
+                &c.iter_range,
+                &c.accu_init,
+                &c.loop_cond,
+                &c.loop_step,
+                &c.result,
+            ] {
+                namespaced_calls(e, found);
+            }
+        }
+        Expr::List(list) => list
+            .elements
+            .iter()
+            .for_each(|e| namespaced_calls(e, found)),
+        Expr::Map(map) => {
+            for entry in &map.entries {
+                if let EntryExpr::MapEntry(m) = &entry.expr {
+                    namespaced_calls(&m.key, found);
+                    namespaced_calls(&m.value, found);
+                }
+            }
+        }
+        Expr::Struct(s) => {
+            for entry in &s.entries {
+                if let EntryExpr::StructField(f) = &entry.expr {
+                    namespaced_calls(&f.value, found);
+                }
+            }
+        }
+        Expr::Select(select) => namespaced_calls(&select.operand, found),
+        _ => {}
+    }
+}
+
+/// Every quoted string in the expression: attribute domains a selector may
+/// index with are among them.
+fn string_literals(expression: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut chars = expression.char_indices();
+    while let Some((start, c)) = chars.next() {
+        if c != '"' && c != '\'' {
+            continue;
+        }
+        let mut end = None;
+        let mut escaped = false;
+        for (i, d) in chars.by_ref() {
+            if escaped {
+                escaped = false;
+            } else if d == '\\' {
+                escaped = true;
+            } else if d == c {
+                end = Some(i);
+                break;
+            }
+        }
+        if let Some(end) = end {
+            found.insert(expression[start + 1..end].to_string());
+        }
+    }
+    found
+}
+
+fn device_value(device: &DeviceFacts, literals: &BTreeSet<String>) -> Value {
+    let mut attributes: HashMap<Key, Value> = HashMap::new();
+    let mut capacity: HashMap<Key, Value> = HashMap::new();
+    for (domain, values) in &device.attributes {
+        let map: HashMap<Key, Value> = values
+            .iter()
+            .map(|(name, v)| (Key::from(name.as_str()), attribute_value(v)))
+            .collect();
+        attributes.insert(Key::from(domain.as_str()), Value::Map(Map::from(map)));
+    }
+    for (domain, values) in &device.capacity {
+        let map: HashMap<Key, Value> = values
+            .iter()
+            .map(|(name, q)| (Key::from(name.as_str()), quantity_value(*q)))
+            .collect();
+        capacity.insert(Key::from(domain.as_str()), Value::Map(Map::from(map)));
+    }
+    // A domain the device does not have reads as empty, so that
+    // `has(device.attributes["other.example.com"].x)` is false, not an error.
+    for literal in literals {
+        for map in [&mut attributes, &mut capacity] {
+            map.entry(Key::from(literal.as_str()))
+                .or_insert_with(|| Value::Map(Map::from(HashMap::<Key, Value>::new())));
+        }
+    }
+    let mut fields: HashMap<Key, Value> = HashMap::new();
+    fields.insert(Key::from("driver"), Value::from(device.driver.as_str()));
+    fields.insert(Key::from("attributes"), Value::Map(Map::from(attributes)));
+    fields.insert(Key::from("capacity"), Value::Map(Map::from(capacity)));
+    fields.insert(Key::from("allowMultipleAllocations"), Value::Bool(false));
+    Value::Map(Map::from(fields))
+}
+
+fn attribute_value(v: &AttributeValue) -> Value {
+    match v {
+        AttributeValue::Bool(b) => Value::Bool(*b),
+        AttributeValue::Int(i) => Value::Int(*i),
+        AttributeValue::String(s) => Value::from(s.as_str()),
+        AttributeValue::Version(v) => Value::Opaque(Arc::new(SemverValue(v.clone()))),
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct QuantityValue(Quantity);
+impl Opaque for QuantityValue {
+    fn runtime_type_name(&self) -> &str {
+        "kubernetes.Quantity"
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct SemverValue(Version);
+impl Opaque for SemverValue {
+    fn runtime_type_name(&self) -> &str {
+        "kubernetes.Semver"
+    }
+}
+
+fn quantity_value(q: Quantity) -> Value {
+    Value::Opaque(Arc::new(QuantityValue(q)))
+}
+
+fn as_quantity(v: &Value) -> Option<Quantity> {
+    match v {
+        Value::Opaque(o) => o.downcast_ref::<QuantityValue>().map(|q| q.0),
+        _ => None,
+    }
+}
+
+fn as_version(v: &Value) -> Option<&Version> {
+    match v {
+        Value::Opaque(o) => o.downcast_ref::<SemverValue>().map(|s| &s.0),
+        _ => None,
+    }
+}
+
+type Outcome = Result<Value, ExecutionError>;
+
+fn type_error(function: &str, what: &str) -> ExecutionError {
+    ExecutionError::function_error(function, format!("expects {what}"))
+}
+
+/// Compares two quantities or two versions.
+fn ordering(function: &str, a: &Value, b: &Value) -> Result<Ordering, ExecutionError> {
+    if let (Some(a), Some(b)) = (as_quantity(a), as_quantity(b)) {
+        return Ok(a.cmp(&b));
+    }
+    if let (Some(a), Some(b)) = (as_version(a), as_version(b)) {
+        return Ok(a.cmp(b));
+    }
+    Err(type_error(function, "two quantities or two semvers"))
+}
+
+fn base_context() -> Context<'static, 'static> {
+    let mut ctx = Context::with_env(ENV.clone());
+    let add = |ctx: &mut Context<'static, 'static>, r: Result<(), cel::DeclarationError>| {
+        r.expect("DRA functions do not overlap the standard library");
+        let _ = ctx;
+    };
+    let r = ctx.add_function("quantity", |s: Arc<String>| -> Outcome {
+        Quantity::parse(&s)
+            .map(quantity_value)
+            .map_err(|e| ExecutionError::function_error("quantity", e))
+    });
+    add(&mut ctx, r);
+    let r = ctx.add_function("isQuantity", |s: Arc<String>| Quantity::parse(&s).is_ok());
+    add(&mut ctx, r);
+    let r = ctx.add_function("semver", |s: Arc<String>| -> Outcome {
+        Version::parse(&s)
+            .map(|v| Value::Opaque(Arc::new(SemverValue(v))))
+            .map_err(|e| ExecutionError::function_error("semver", e))
+    });
+    add(&mut ctx, r);
+    let r = ctx.add_function("isSemver", |s: Arc<String>| Version::parse(&s).is_ok());
+    add(&mut ctx, r);
+    let r = ctx.add_function("compareTo", |This(a): This<Value>, b: Value| -> Outcome {
+        Ok(Value::Int(ordering("compareTo", &a, &b)? as i64))
+    });
+    add(&mut ctx, r);
+    let r = ctx.add_function(
+        "isGreaterThan",
+        |This(a): This<Value>, b: Value| -> Outcome {
+            Ok(Value::Bool(
+                ordering("isGreaterThan", &a, &b)? == Ordering::Greater,
+            ))
+        },
+    );
+    add(&mut ctx, r);
+    let r = ctx.add_function("isLessThan", |This(a): This<Value>, b: Value| -> Outcome {
+        Ok(Value::Bool(
+            ordering("isLessThan", &a, &b)? == Ordering::Less,
+        ))
+    });
+    add(&mut ctx, r);
+    let r = ctx.add_function("add", |This(a): This<Value>, b: Value| -> Outcome {
+        quantity_arith("add", &a, &b, Quantity::checked_add)
+    });
+    add(&mut ctx, r);
+    let r = ctx.add_function("sub", |This(a): This<Value>, b: Value| -> Outcome {
+        quantity_arith("sub", &a, &b, Quantity::checked_sub)
+    });
+    add(&mut ctx, r);
+    let r = ctx.add_function("asInteger", |This(a): This<Value>| -> Outcome {
+        let q = as_quantity(&a).ok_or_else(|| type_error("asInteger", "a quantity"))?;
+        q.as_integer().map(Value::Int).ok_or_else(|| {
+            ExecutionError::function_error(
+                "asInteger",
+                "quantity is not an integer or overflows int",
+            )
+        })
+    });
+    add(&mut ctx, r);
+    let r = ctx.add_function("isInteger", |This(a): This<Value>| -> Outcome {
+        let q = as_quantity(&a).ok_or_else(|| type_error("isInteger", "a quantity"))?;
+        Ok(Value::Bool(q.as_integer().is_some()))
+    });
+    add(&mut ctx, r);
+    let r = ctx.add_function("asApproximateFloat", |This(a): This<Value>| -> Outcome {
+        let q = as_quantity(&a).ok_or_else(|| type_error("asApproximateFloat", "a quantity"))?;
+        Ok(Value::Float(q.as_approximate_float()))
+    });
+    add(&mut ctx, r);
+    let r = ctx.add_function("sign", |This(a): This<Value>| -> Outcome {
+        let q = as_quantity(&a).ok_or_else(|| type_error("sign", "a quantity"))?;
+        Ok(Value::Int(q.sign()))
+    });
+    add(&mut ctx, r);
+    for (name, part) in [
+        ("major", (|v: &Version| v.major) as fn(&Version) -> u64),
+        ("minor", |v: &Version| v.minor),
+        ("patch", |v: &Version| v.patch),
+    ] {
+        let r = ctx.add_function(name, move |This(a): This<Value>| -> Outcome {
+            let v = as_version(&a).ok_or_else(|| type_error(name, "a semver"))?;
+            Ok(Value::Int(part(v) as i64))
+        });
+        add(&mut ctx, r);
+    }
+    let r = ctx.add_function("isSorted", |This(list): This<Value>| -> Outcome {
+        let Value::List(items) = list else {
+            return Err(type_error("isSorted", "a list"));
+        };
+        let mut sorted = true;
+        for pair in items.windows(2) {
+            let order = match (&pair[0], &pair[1]) {
+                (Value::Int(a), Value::Int(b)) => a.cmp(b),
+                (Value::UInt(a), Value::UInt(b)) => a.cmp(b),
+                (Value::String(a), Value::String(b)) => a.cmp(b),
+                (Value::Float(a), Value::Float(b)) => a.partial_cmp(b).unwrap_or(Ordering::Equal),
+                (a, b) => ordering("isSorted", a, b)?,
+            };
+            sorted &= order != Ordering::Greater;
+        }
+        Ok(Value::Bool(sorted))
+    });
+    add(&mut ctx, r);
+    ctx
+}
+
+fn quantity_arith(
+    function: &str,
+    a: &Value,
+    b: &Value,
+    op: fn(Quantity, Quantity) -> Option<Quantity>,
+) -> Outcome {
+    let a = as_quantity(a).ok_or_else(|| type_error(function, "quantities"))?;
+    let b = match b {
+        Value::Int(i) => Quantity::from_units(*i),
+        other => as_quantity(other).ok_or_else(|| type_error(function, "a quantity or an int"))?,
+    };
+    op(a, b)
+        .map(quantity_value)
+        .ok_or_else(|| ExecutionError::function_error(function, "overflow"))
+}
