@@ -141,6 +141,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
+    let allocate_on_nodes = declared_nodes(&client, &args.allocate_on_nodes).await?;
     let controller = Controller::new(
         client.clone(),
         args.feature_gates.gates,
@@ -148,6 +149,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         &identity,
         args.metrics_naming,
         pod_group_api,
+        allocate_on_nodes,
     )?;
     tokio::spawn(controller.clone().run_watches());
     tokio::spawn(controller.clone().run_resync(args.min_resync_period.0));
@@ -255,6 +257,36 @@ async fn forward_signals(stop: watch::Sender<bool>) {
         _ = int.recv() => info!(signal = "SIGINT", "shutdown requested"),
     }
     let _ = stop.send(true);
+}
+
+/// The `--allocate-on-nodes` selector, checked with the API server (which
+/// is the judge of label selector syntax); `None` when empty.
+async fn declared_nodes(client: &kube::Client, selector: &str) -> anyhow::Result<Option<String>> {
+    let selector = selector.trim();
+    if selector.is_empty() {
+        return Ok(None);
+    }
+    let nodes: kube::Api<crate::controllers::resourceclaim::allocation::NodeView> =
+        kube::Api::all(client.clone());
+    let params = kube::api::ListParams::default().labels(selector).limit(1);
+    match nodes.list_metadata(&params).await {
+        Ok(list) => {
+            tracing::info!(
+                selector,
+                some_node = list.items.first().and_then(|n| n.metadata.name.as_deref()).unwrap_or("none yet"),
+                "allocating devices for pre-scheduled pods on the nodes this selector matches"
+            );
+            Ok(Some(selector.to_string()))
+        }
+        Err(kube::Error::Api(status)) if status.code == 400 => anyhow::bail!(
+            "--allocate-on-nodes={selector:?} is not a valid label selector ({}): use the syntax of \
+             kubectl get nodes -l, e.g. dra.example.com/pre-scheduled=true",
+            status.message
+        ),
+        Err(err) => Err(anyhow::anyhow!(err).context(
+            "--allocate-on-nodes: listing the nodes it selects failed (the controller needs list/watch on nodes)",
+        )),
+    }
 }
 
 #[cfg(test)]

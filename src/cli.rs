@@ -97,6 +97,10 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = MetricsNaming::Both)]
     pub metrics_naming: MetricsNaming,
 
+    /// Label selector of the nodes where this controller allocates devices for pods created with spec.nodeName (which bypass kube-scheduler): nodes kube-scheduler does not allocate on, e.g. reserved for pre-scheduled workloads. Empty (the default) turns allocation off.
+    #[arg(long, default_value = "")]
+    pub allocate_on_nodes: String,
+
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -64,7 +64,17 @@ impl Informer {
         K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
         K::DynamicType: Default,
     {
-        let events = watcher::watcher(api, watch_config()).backoff(WatchBackoff::default());
+        self.run_with(api, watch_config(), handler).await
+    }
+
+    /// As [`Informer::run`], with `config` (a [`watch_config`] narrowed by
+    /// a selector, say).
+    pub async fn run_with<K>(&self, api: Api<K>, config: watcher::Config, handler: &impl Handler<K>)
+    where
+        K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+        K::DynamicType: Default,
+    {
+        let events = watcher::watcher(api, config).backoff(WatchBackoff::default());
         let mut events = std::pin::pin!(events);
         // Only this task touches the buffer: no lock.
         let mut listing = Vec::new();

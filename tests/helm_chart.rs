@@ -301,6 +301,9 @@ fn schema_rejects_bad_flag_values() {
         ("prescheduledPods.policy.failurePolicy", "Maybe"),
         ("metrics.naming", "1.38"),
         ("prometheusRule.alerts.leakedAllocations.for", "a while"),
+        ("prometheusRule.alerts.doubleAllocations.for", "soon"),
+        ("prometheusRule.alerts.doubleAllocations", "false"),
+        ("allocation.nodeSelector", "3"),
     ] {
         let err = render_err_or_skip!(&[(key, value)]);
         let leaf = key.rsplit('.').next().unwrap();
@@ -690,6 +693,12 @@ fn expected_args(values: &Value) -> Vec<String> {
         format!("--concurrent-syncs={}", str_of(&values["concurrentSyncs"])),
         format!("--min-resync-period={}", str_of(&values["minResyncPeriod"])),
         format!("--feature-gates={}", str_of(&values["featureGates"])),
+    ]);
+    let allocate_on = str_of(&values["allocation"]["nodeSelector"]);
+    if !allocate_on.is_empty() {
+        out.push(format!("--allocate-on-nodes={allocate_on}"));
+    }
+    out.extend([
         format!("--leader-elect={}", str_of(&le["enabled"])),
         format!(
             "--leader-elect-lease-duration={}",
@@ -958,7 +967,7 @@ fn pod_disruption_budget() {
 // ---------------------------------------------------------------------------
 
 #[test]
-fn prometheus_rule_has_the_seven_alerts() {
+fn prometheus_rule_has_the_eight_alerts() {
     let docs = render_or_skip!(&[("prometheusRule.enabled", "true")]);
     let rule = one_of_kind(&docs, "PrometheusRule");
     assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
@@ -1027,6 +1036,13 @@ fn prometheus_rule_has_the_seven_alerts() {
                 "30m",
             ),
         ),
+        (
+            "DRADeviceDoubleAllocation",
+            (
+                &["max(dra_claim_controller_device_double_allocations) > 0"][..],
+                "5m",
+            ),
+        ),
     ]);
     assert_eq!(
         alerts.keys().map(String::as_str).collect::<Vec<_>>(),
@@ -1063,6 +1079,8 @@ prometheusRule:
       for: 2h
     stuckDeletions:
       enabled: false
+    doubleAllocations:
+      for: 1m
 "#;
     let docs = match helm::render_chart_with_values(RELEASE, NAMESPACE, values, &[]) {
         Ok(Some(yaml)) => docs(&yaml),
@@ -1077,7 +1095,7 @@ prometheusRule:
             .find(|r| r["alert"] == name)
             .map(|r| (str_of(&r["expr"]), str_of(&r["for"])))
     };
-    assert_eq!(rules.len(), 5);
+    assert_eq!(rules.len(), 6);
     let (e, _) = expr("DRAClaimControllerWorkQueueDepthHigh").unwrap();
     assert_eq!(
         e,
@@ -1106,6 +1124,15 @@ prometheusRule:
         )
     );
     assert!(expr("DRAClaimStuckDeleting").is_none());
+    // No matcher of its own: the selector alone, well-formed.
+    assert_eq!(
+        expr("DRADeviceDoubleAllocation").unwrap(),
+        (
+            r#"max(dra_claim_controller_device_double_allocations{job="dra-metrics"}) > 0"#
+                .to_string(),
+            "1m".to_string()
+        )
+    );
 }
 
 fn dashboard_exprs(dash: &serde_json::Value) -> Vec<String> {
@@ -1144,6 +1171,8 @@ fn grafana_dashboard_configmap() {
         r#"rate(workqueue_retries_total{name="resource_claim"}[5m])"#,
         r#"workqueue_unfinished_work_seconds{name="resource_claim"}"#,
         "max by (state) (dra_claim_controller_claims)",
+        "sum by (result) (rate(dra_claim_controller_allocations_total[5m]))",
+        "max(dra_claim_controller_device_double_allocations)",
     ] {
         assert!(
             exprs.iter().any(|e| e == expected),
@@ -1167,6 +1196,39 @@ fn grafana_dashboard_configmap() {
             .unwrap()
             .iter()
             .any(|t| t["expr"] == "sum(rate(rest_client_requests_total[1m]))")
+    );
+    // Allocation results and double allocations share one panel.
+    let allocation_panel = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["title"] == "Device allocation")
+        .expect("Device allocation panel");
+    let panel_exprs: Vec<&str> = allocation_panel["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["expr"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        panel_exprs,
+        [
+            "sum by (result) (rate(dra_claim_controller_allocations_total[5m]))",
+            "max(dra_claim_controller_device_double_allocations)",
+        ]
+    );
+    assert_eq!(allocation_panel["datasource"]["uid"], "${datasource}");
+    // Panel ids are unique.
+    let ids: Vec<u64> = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        ids.iter().collect::<BTreeSet<_>>().len(),
+        ids.len(),
+        "{ids:?}"
     );
     assert!(
         !json.as_str().unwrap().contains("__"),
@@ -1421,4 +1483,189 @@ fn podgroup_rules_only_with_the_gate() {
         .find(|r| r["metadata"]["name"] == binding["roleRef"]["name"])
         .unwrap();
     assert_eq!(rules_by_resource(role), expected_cluster_rules());
+}
+
+// ---------------------------------------------------------------------------
+// Allocation on pre-scheduled nodes (allocation.nodeSelector)
+// ---------------------------------------------------------------------------
+
+const PRE_SCHEDULED: &str = "dra.example.com/pre-scheduled=true";
+
+/// The rules of the ClusterRole the controller's ServiceAccount is bound to.
+fn bound_cluster_rules(docs: &[Value]) -> BTreeMap<(String, String), BTreeSet<String>> {
+    let binding = one_of_kind(docs, "ClusterRoleBinding");
+    let role = all_of_kind(docs, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == binding["roleRef"]["name"])
+        .expect("the bound ClusterRole is rendered");
+    rules_by_resource(role)
+}
+
+/// The rules `allocation.nodeSelector` adds, and only those.
+fn allocation_rules() -> BTreeMap<(String, String), BTreeSet<String>> {
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    BTreeMap::from([
+        (
+            ("resource.k8s.io".into(), "resourceslices".into()),
+            set(&["get", "list", "watch"]),
+        ),
+        (
+            ("resource.k8s.io".into(), "deviceclasses".into()),
+            set(&["get", "list", "watch"]),
+        ),
+        (("".into(), "nodes".into()), set(&["list", "watch"])),
+    ])
+}
+
+#[test]
+fn allocation_is_off_by_default() {
+    let values = default_values();
+    assert_eq!(str_of(&values["allocation"]["nodeSelector"]), "");
+    let docs = render_or_skip!(&[]);
+    let args = args(&docs);
+    assert!(
+        !args.iter().any(|a| a.starts_with("--allocate-on-nodes")),
+        "{args:?}"
+    );
+    let rules = bound_cluster_rules(&docs);
+    for key in allocation_rules().keys() {
+        assert!(!rules.contains_key(key), "{key:?} granted by default");
+    }
+    assert_eq!(rules, expected_cluster_rules());
+}
+
+#[test]
+fn allocation_node_selector_sets_flag_and_rbac() {
+    let on = render_or_skip!(&[("allocation.nodeSelector", PRE_SCHEDULED)]);
+    let got = args(&on);
+    let flags: Vec<&String> = got
+        .iter()
+        .filter(|a| a.starts_with("--allocate-on-nodes"))
+        .collect();
+    assert_eq!(
+        flags,
+        [&format!("--allocate-on-nodes={PRE_SCHEDULED}")],
+        "{got:?}"
+    );
+    let mut values = default_values();
+    values["allocation"]["nodeSelector"] = Value::String(PRE_SCHEDULED.into());
+    assert_eq!(got, expected_args(&values));
+
+    // Exactly the default rules plus the allocation ones: the finalizer and
+    // status writes use the resourceclaims patch and the status/binding
+    // rules every release has.
+    let mut expected = expected_cluster_rules();
+    let claims = &expected[&("resource.k8s.io".to_string(), "resourceclaims".to_string())];
+    assert!(claims.contains("patch"), "{claims:?}");
+    expected.extend(allocation_rules());
+    assert_eq!(bound_cluster_rules(&on), expected);
+
+    // Set-based selectors with commas and spaces arrive as one argument.
+    let values = "allocation:\n  nodeSelector: \"pool in (a, b),!dra.example.com/drain\"\n";
+    let set_based = match helm::render_chart_with_values(RELEASE, NAMESPACE, values, &[]) {
+        Ok(Some(yaml)) => docs(&yaml),
+        Ok(None) => return,
+        Err(e) => panic!("{e}"),
+    };
+    let got = args(&set_based);
+    assert!(
+        got.contains(&"--allocate-on-nodes=pool in (a, b),!dra.example.com/drain".to_string()),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn double_allocation_alert_follows_values() {
+    let alert = |docs: &[Value]| -> Option<Value> {
+        one_of_kind(docs, "PrometheusRule")["spec"]["groups"][0]["rules"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|r| r["alert"] == "DRADeviceDoubleAllocation")
+            .cloned()
+    };
+    // Rendered with allocation off too: the gauge is always exported.
+    let docs = render_or_skip!(&[
+        ("prometheusRule.enabled", "true"),
+        ("prometheusRule.alerts.doubleAllocations.for", "10m"),
+    ]);
+    let rule = alert(&docs).expect("DRADeviceDoubleAllocation rendered");
+    assert_eq!(
+        str_of(&rule["expr"]),
+        "max(dra_claim_controller_device_double_allocations) > 0"
+    );
+    assert_eq!(rule["for"], "10m");
+    assert_eq!(rule["labels"]["severity"], "critical");
+    let description = str_of(&rule["annotations"]["description"]);
+    assert!(description.contains("kubectl get resourceclaims -A"), "{description}");
+    assert!(description.contains("{{ $value }}"), "{description}");
+    assert!(
+        str_of(&rule["annotations"]["summary"]).contains("more than one"),
+        "{rule:?}"
+    );
+
+    let docs = render_or_skip!(&[
+        ("prometheusRule.enabled", "true"),
+        ("allocation.nodeSelector", PRE_SCHEDULED),
+        ("prometheusRule.alerts.doubleAllocations.severity", "page"),
+        ("prometheusRule.additionalAlertLabels.team", "dra"),
+    ]);
+    let rule = alert(&docs).expect("rendered with allocation on");
+    assert_eq!(rule["for"], "5m");
+    assert_eq!(rule["labels"]["severity"], "page");
+    assert_eq!(rule["labels"]["team"], "dra");
+
+    // Turned off like the other alerts: enabled=false, or the key null.
+    let docs = render_or_skip!(&[
+        ("prometheusRule.enabled", "true"),
+        ("prometheusRule.alerts.doubleAllocations.enabled", "false"),
+    ]);
+    assert!(alert(&docs).is_none());
+    let docs = render_or_skip!(&[
+        ("prometheusRule.enabled", "true"),
+        ("prometheusRule.alerts.doubleAllocations", "null"),
+    ]);
+    assert!(alert(&docs).is_none());
+    assert_eq!(
+        one_of_kind(&docs, "PrometheusRule")["spec"]["groups"][0]["rules"]
+            .as_sequence()
+            .unwrap()
+            .len(),
+        7,
+        "only that alert is dropped"
+    );
+}
+
+#[test]
+fn notes_explain_allocation_when_on() {
+    let notes = match helm::render_notes(
+        RELEASE,
+        NAMESPACE,
+        &[("allocation.nodeSelector", PRE_SCHEDULED)],
+    ) {
+        Ok(Some(n)) => n,
+        Ok(None) => return,
+        Err(e) => panic!("{e}"),
+    };
+    for needle in [
+        "Allocation on pre-scheduled nodes is ON",
+        "kubectl get nodes -l 'dra.example.com/pre-scheduled=true'",
+        "NoSchedule",
+        "DRADeviceDoubleAllocation",
+        "prometheusRule.enabled=true",
+    ] {
+        assert!(
+            notes.contains(needle),
+            "NOTES.txt lacks {needle:?}:\n{notes}"
+        );
+    }
+    assert!(
+        !notes.contains("prescheduledPods.policy is also on"),
+        "{notes}"
+    );
+    let off = helm::render_notes(RELEASE, NAMESPACE, &[])
+        .unwrap()
+        .unwrap();
+    assert!(!off.contains("Allocation on pre-scheduled nodes"), "{off}");
+    assert!(!off.contains("DRADeviceDoubleAllocation"), "{off}");
 }

@@ -137,17 +137,17 @@ host:port bind address.
 {{- end }}
 
 {{/*
-PromQL label matchers for the resource_claim work queue, plus the optional
-prometheusRule.selector.
+PromQL label matchers: the given ones (may be empty) plus the optional
+prometheusRule.selector; nothing at all when both are empty.
 Usage: include "dra-claim-controller.promMatchers" (list . `name="resource_claim"`)
 */}}
 {{- define "dra-claim-controller.promMatchers" -}}
 {{- $root := index . 0 }}
-{{- $base := index . 1 }}
-{{- with $root.Values.prometheusRule.selector }}
-{{- printf "{%s,%s}" $base . }}
-{{- else }}
-{{- printf "{%s}" $base }}
+{{- $parts := list }}
+{{- with index . 1 }}{{ $parts = append $parts . }}{{ end }}
+{{- with $root.Values.prometheusRule.selector }}{{ $parts = append $parts . }}{{ end }}
+{{- with $parts }}
+{{- printf "{%s}" (join "," .) }}
 {{- end }}
 {{- end }}
 

@@ -265,6 +265,8 @@ pub struct Caches {
     /// Every watch has loaded its first list: absence from a cache now
     /// means absence from the cluster (what scrape-time gauges rely on).
     synced: AtomicBool,
+    /// The allocator for declared nodes, with `--allocate-on-nodes` only.
+    pub allocation: Option<Arc<super::allocation::Allocation>>,
 }
 
 impl Default for Caches {
@@ -300,10 +302,17 @@ impl Caches {
             uncertain_creates: RecentSet::new(10_000),
             missing_reported: RecentSet::new(10_000),
             synced: AtomicBool::new(false),
+            allocation: None,
         }
     }
 
     /// Caches for a controller that serves PodGroups at `api`.
+    /// With the allocator for the nodes `node_selector` selects.
+    pub fn allocating_on(mut self, node_selector: String) -> Self {
+        self.allocation = Some(Arc::new(super::allocation::Allocation::new(node_selector)));
+        self
+    }
+
     pub fn with_pod_groups(api: PodGroupApi) -> Self {
         Caches {
             pod_group_api: Some(api),

@@ -73,7 +73,16 @@ impl ClaimOwner {
 pub struct ControllerMetrics {
     creates_1_36: Option<IntCounterVec>,
     creates_1_37: Option<IntCounterVec>,
+    allocations: Option<IntCounterVec>,
 }
+
+const ALLOCATIONS_NAME: &str = "dra_claim_controller_allocations_total";
+const ALLOCATIONS_HELP: &str = "Allocation attempts for pre-scheduled pods on declared nodes (--allocate-on-nodes), by \
+result: allocated, unsatisfiable (not enough suitable free devices now), refused (the claim asks for something the \
+allocator does not support or is wrong), failed (a write failed).";
+const DOUBLE_NAME: &str = "dra_claim_controller_device_double_allocations";
+const DOUBLE_HELP: &str = "Devices allocated to more than one ResourceClaim without admin access, from the claim cache at \
+scrape time. Must be 0; anything else means two allocators handed out the same device.";
 
 impl ControllerMetrics {
     /// Registers the counters, and collectors that count cached claims at
@@ -86,7 +95,17 @@ impl ControllerMetrics {
         let mut metrics = ControllerMetrics {
             creates_1_36: None,
             creates_1_37: None,
+            allocations: None,
         };
+        if caches.allocation.is_some() {
+            let c = IntCounterVec::new(Opts::new(ALLOCATIONS_NAME, ALLOCATIONS_HELP), &["result"])?;
+            for result in ["allocated", "unsatisfiable", "refused", "failed"] {
+                c.with_label_values(&[result]);
+            }
+            registry.register(Box::new(c.clone()))?;
+            metrics.allocations = Some(c);
+        }
+        registry.register(Box::new(DoubleAllocationGauge::new(caches.clone())?))?;
         if naming.with_1_36() {
             let c = IntCounterVec::new(
                 Opts::new(CREATES_1_36, CREATES_HELP),
@@ -125,6 +144,14 @@ impl ControllerMetrics {
         ControllerMetrics {
             creates_1_36: None,
             creates_1_37: None,
+            allocations: None,
+        }
+    }
+
+    /// Counts one allocation attempt under `result`.
+    pub fn record_allocation(&self, result: &str) {
+        if let Some(c) = &self.allocations {
+            c.with_label_values(&[result]).inc();
         }
     }
 
@@ -284,6 +311,46 @@ impl Collector for ProblemGauge {
         for (kind, n) in self.counts() {
             gauge.with_label_values(&[kind.label()]).set(n);
         }
+        gauge.collect()
+    }
+}
+
+/// `dra_claim_controller_device_double_allocations`, from the claim cache
+/// at scrape time; absent until the caches are loaded.
+struct DoubleAllocationGauge {
+    caches: Arc<Caches>,
+    desc: Vec<Desc>,
+}
+
+impl DoubleAllocationGauge {
+    fn new(caches: Arc<Caches>) -> prometheus::Result<Self> {
+        let desc = Desc::new(
+            DOUBLE_NAME.into(),
+            DOUBLE_HELP.into(),
+            Vec::new(),
+            Default::default(),
+        )?;
+        Ok(DoubleAllocationGauge {
+            caches,
+            desc: vec![desc],
+        })
+    }
+}
+
+impl Collector for DoubleAllocationGauge {
+    fn desc(&self) -> Vec<&Desc> {
+        self.desc.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        if !self.caches.is_synced() {
+            return Vec::new();
+        }
+        let claims = self.caches.claims.list();
+        let doubles = super::allocation::double_allocations(claims.iter().map(|c| &**c));
+        let gauge =
+            prometheus::IntGauge::new(DOUBLE_NAME, DOUBLE_HELP).expect("static metric definition");
+        gauge.set(i64::try_from(doubles).unwrap_or(i64::MAX));
         gauge.collect()
     }
 }

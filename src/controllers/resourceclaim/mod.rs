@@ -9,6 +9,9 @@
 //! - below them: `context.rs`, `cache.rs`, `enqueue.rs`, `observe.rs`,
 //!   `patch.rs`, `events.rs`, `metrics.rs`, `error.rs`, `views.rs`.
 
+pub mod allocate_claim;
+pub mod allocation;
+mod allocation_watches;
 pub mod cache;
 pub mod claim;
 pub mod context;
@@ -39,6 +42,7 @@ mod test_support;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::Api;
 use tracing::{debug, info};
 
@@ -69,6 +73,9 @@ pub struct Controller {
     templates: Informer,
     /// With DRAWorkloadResourceClaims only.
     pod_groups: Option<Informer>,
+    /// With `--allocate-on-nodes` only: ResourceSlices, DeviceClasses and
+    /// the declared Nodes.
+    allocation_watches: Option<[Informer; 3]>,
 }
 
 impl Controller {
@@ -79,12 +86,18 @@ impl Controller {
         identity: &str,
         metrics_naming: MetricsNaming,
         pod_group_api: Option<views::PodGroupApi>,
+        allocate_on_nodes: Option<String>,
     ) -> anyhow::Result<Arc<Self>> {
         let with_groups = pod_group_api.is_some();
-        let caches = Arc::new(match pod_group_api {
+        let with_allocation = allocate_on_nodes.is_some();
+        let mut caches = match pod_group_api {
             Some(api) => Caches::with_pod_groups(api),
             None => Caches::new(),
-        });
+        };
+        if let Some(selector) = allocate_on_nodes {
+            caches = caches.allocating_on(selector);
+        }
+        let caches = Arc::new(caches);
         let metrics = ControllerMetrics::register(registry, caches.clone(), metrics_naming)?;
         let ctx = Arc::new(Context {
             events: EventRecorder::new(client.clone(), identity.to_string()),
@@ -102,6 +115,13 @@ impl Controller {
             claims: Informer::new("resourceclaims"),
             templates: Informer::new("resourceclaimtemplates"),
             pod_groups: with_groups.then(|| Informer::new("podgroups")),
+            allocation_watches: with_allocation.then(|| {
+                [
+                    Informer::new("resourceslices"),
+                    Informer::new("deviceclasses"),
+                    Informer::new("nodes"),
+                ]
+            }),
         }))
     }
 
@@ -127,6 +147,9 @@ impl Controller {
         if let Some(groups) = &self.pod_groups {
             groups.wait_synced().await;
         }
+        for informer in self.allocation_watches.iter().flatten() {
+            informer.wait_synced().await;
+        }
         self.ctx.caches.mark_synced();
     }
 
@@ -135,6 +158,11 @@ impl Controller {
             && self.claims.is_synced()
             && self.templates.is_synced()
             && self.pod_groups.as_ref().is_none_or(Informer::is_synced)
+            && self
+                .allocation_watches
+                .iter()
+                .flatten()
+                .all(Informer::is_synced)
     }
 
     /// Runs the three watches until the process ends.
@@ -152,7 +180,24 @@ impl Controller {
                     .await
             }
         };
+        let allocation = async {
+            if let (Some([slices, classes, nodes]), Some(state)) =
+                (&this.allocation_watches, &this.ctx.caches.allocation)
+            {
+                let declared = crate::informer::watch_config().labels(&state.node_selector);
+                tokio::join!(
+                    slices.run(Api::<ResourceSlice>::all(client.clone()), this),
+                    classes.run(Api::<DeviceClass>::all(client.clone()), this),
+                    nodes.run_with(
+                        Api::<allocation::NodeView>::all(client.clone()),
+                        declared,
+                        this
+                    ),
+                );
+            }
+        };
         tokio::join!(
+            allocation,
             this.pods.run(Api::<PodView>::all(client.clone()), this),
             this.claims.run(Api::<ClaimView>::all(client.clone()), this),
             this.templates

@@ -38,6 +38,10 @@ pub const REASON_CLAIM_MISSING: &str = "ResourceClaimMissing";
 /// normal; a warning that is usually false teaches people to ignore it.
 pub const NOT_ALLOCATED_GRACE: Duration = Duration::from_secs(10);
 
+/// How often a pod waiting for devices on a declared node is looked at
+/// again when nothing woke it.
+pub const ALLOCATION_RECHECK: Duration = Duration::from_secs(60);
+
 /// What to do for one template entry that has no usable claim yet.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EntryAction {
@@ -71,6 +75,9 @@ pub struct PodDecision {
     /// one out would remove it, and the kubelet unprepares by these names.
     pub recorded: BTreeMap<String, Option<String>>,
     pub reservations: Vec<Reservation>,
+    /// Unallocated claims of a pre-scheduled pod on a node declared with
+    /// `--allocate-on-nodes`: we allocate them.
+    pub to_allocate: Vec<Reservation>,
     /// Claims of a pre-scheduled pod that nothing will allocate (warned
     /// about once the grace period is over).
     pub unallocated: Vec<String>,
@@ -85,6 +92,7 @@ impl PodDecision {
     pub fn is_noop(&self) -> bool {
         self.entries.is_empty()
             && self.reservations.is_empty()
+            && self.to_allocate.is_empty()
             && self.unallocated.is_empty()
             && self.missing.is_empty()
     }
@@ -387,12 +395,22 @@ fn decide_reservations(
         {
             continue;
         }
+        let consumer = || match bound {
+            Some(g) => patch::pod_group_consumer(g.name(), g.uid()),
+            None => patch::pod_consumer(pod.name(), pod.uid()),
+        };
         if claim.is_allocated() {
-            let consumer = match bound {
-                Some(g) => patch::pod_group_consumer(g.name(), g.uid()),
-                None => patch::pod_consumer(pod.name(), pod.uid()),
-            };
+            let consumer = consumer();
             decision.reservations.push(Reservation { consumer, claim });
+        } else if pod.is_pre_scheduled()
+            && !claim.is_deleting()
+            && caches
+                .allocation
+                .as_ref()
+                .is_some_and(|a| a.is_declared(pod.node_name().unwrap_or_default()))
+        {
+            let consumer = consumer();
+            decision.to_allocate.push(Reservation { consumer, claim });
         } else if pod.is_pre_scheduled() {
             // Bound by a scheduler, the claim was allocated before binding
             // and our watch has not shown it yet; bound without one, nothing
@@ -529,6 +547,27 @@ pub async fn execute(
                 claim.name()
             )))?;
         info!(claim = %claim.name(), "reserved claim for pod");
+    }
+    if let Some(state) = &ctx.caches.allocation
+        && !decision.to_allocate.is_empty()
+    {
+        let mut waiting = false;
+        for wanted in &decision.to_allocate {
+            let attempt = super::allocate_claim::allocate_for_pod(
+                ctx,
+                state,
+                pod,
+                wanted.claim.name(),
+                &wanted.consumer,
+            )
+            .await?;
+            waiting |= attempt == super::allocate_claim::Attempt::Waiting;
+        }
+        if waiting {
+            // Woken by slice, class and claim changes; this is the net
+            // under those.
+            return Ok(Synced::RecheckAfter(ALLOCATION_RECHECK));
+        }
     }
     if pod.is_pre_scheduled() && !created.is_empty() {
         // Just made: give whoever may allocate it the grace period too.

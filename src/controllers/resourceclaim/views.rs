@@ -365,10 +365,34 @@ pub struct ExactView {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimViewStatus {
-    /// Only whether it is there matters; its content stays on the server.
-    pub allocation: Option<serde::de::IgnoredAny>,
+    /// Which devices it holds (for the allocator and the double
+    /// allocation check); the rest stays on the server.
+    pub allocation: Option<AllocationView>,
     #[serde(default, deserialize_with = "null_as_default")]
     pub reserved_for: ReservedFor,
+}
+
+/// `status.allocation`: the devices only.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct AllocationView {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub devices: AllocatedDevicesView,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct AllocatedDevicesView {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub results: Vec<AllocatedDevice>,
+}
+
+/// One `status.allocation.devices.results[]` entry.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocatedDevice {
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    pub admin_access: Option<bool>,
 }
 
 /// `status.reservedFor`, typed for decisions and kept as read for the
@@ -426,6 +450,21 @@ namespaced_resource!(
 impl ClaimView {
     pub fn is_allocated(&self) -> bool {
         self.status.allocation.is_some()
+    }
+
+    /// The devices this claim takes from others: every allocated device
+    /// except those held with admin access (which share a device).
+    pub fn held_devices(&self) -> impl Iterator<Item = crate::allocate::DeviceId> + '_ {
+        self.status
+            .allocation
+            .iter()
+            .flat_map(|a| &a.devices.results)
+            .filter(|r| r.admin_access != Some(true))
+            .map(|r| crate::allocate::DeviceId {
+                driver: r.driver.clone(),
+                pool: r.pool.clone(),
+                device: r.device.clone(),
+            })
     }
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()

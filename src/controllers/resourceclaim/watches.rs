@@ -105,8 +105,13 @@ impl Handler<ClaimView> for Controller {
             .collect();
         for gone in caches.claims.replace(entries) {
             caches.forget_created(&object_key(gone.namespace(), gone.name()));
+            self.allocation_claim_changed(&gone, false, true);
             self.claim_changed(&gone, true);
         }
+        for claim in &claims {
+            self.allocation_claim_changed(claim, false, false);
+        }
+        self.wake_waiting(None);
         // Startup (and every relist): check every claim once, for
         // reservations that went stale while nobody watched.
         for claim in &claims {
@@ -120,8 +125,10 @@ impl Handler<ClaimView> for Controller {
         let caches = &self.ctx.caches;
         let key = object_key(claim.namespace(), claim.name());
         let claim = Arc::new(claim);
-        caches.claims.apply(key.clone(), claim.clone());
+        let old = caches.claims.apply(key.clone(), claim.clone());
         caches.forget_created(&key);
+        let released = old.is_some_and(|o| o.is_allocated()) && !claim.is_allocated();
+        self.allocation_claim_changed(&claim, released, false);
         self.claim_changed(&claim, false);
     }
 
@@ -130,6 +137,7 @@ impl Handler<ClaimView> for Controller {
         let key = object_key(claim.namespace(), claim.name());
         caches.claims.delete(&key);
         caches.forget_created(&key);
+        self.allocation_claim_changed(&claim, claim.is_allocated(), true);
         self.claim_changed(&claim, true);
     }
 }

@@ -1,0 +1,247 @@
+//! What the allocator for declared nodes (`--allocate-on-nodes`) keeps:
+//! the ResourceSlices, DeviceClasses and declared Nodes it watches, the
+//! devices of allocations it wrote that no watch has shown yet, and the
+//! pods waiting for devices (woken when slices, classes or claims change).
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
+
+use k8s_openapi::ClusterResourceScope;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use serde::Deserialize;
+
+use super::cache::Store;
+use super::views::ClaimView;
+use crate::allocate::DeviceId;
+
+/// A Node: only its name matters (the watch's label selector did the rest).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct NodeView {
+    pub metadata: ObjectMeta,
+}
+
+impl Resource for NodeView {
+    type DynamicType = ();
+    type Scope = ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("Node")
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("nodes")
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// A pod waiting for devices: on which node, and the last failure told.
+#[derive(Clone, Debug)]
+struct Waiting {
+    node: String,
+    told: String,
+}
+
+/// The allocator's state; present only with `--allocate-on-nodes`.
+pub struct Allocation {
+    /// The label selector of declared nodes, as given.
+    pub node_selector: String,
+    pub slices: Store<ResourceSlice>,
+    pub classes: Store<DeviceClass>,
+    pub nodes: Store<NodeView>,
+    /// One allocation at a time: what one decides must be visible to the
+    /// next, and the watch is not fast enough for that.
+    pub turn: tokio::sync::Mutex<()>,
+    /// Claim UID → devices of an allocation this process wrote (or tried to:
+    /// an answer lost after the write committed counts) and the claim watch
+    /// has not shown yet.
+    written: Mutex<HashMap<String, Vec<DeviceId>>>,
+    /// Pod key (`namespace/name`) → what it waits for.
+    waiting: Mutex<BTreeMap<String, Waiting>>,
+}
+
+impl Allocation {
+    pub fn new(node_selector: String) -> Self {
+        Allocation {
+            node_selector,
+            slices: Store::new(Vec::new()),
+            classes: Store::new(Vec::new()),
+            nodes: Store::new(Vec::new()),
+            turn: tokio::sync::Mutex::new(()),
+            written: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Whether the admin handed `node` to us (it matches the selector).
+    pub fn is_declared(&self, node: &str) -> bool {
+        self.nodes.get(node).is_some()
+    }
+
+    /// Records devices about to be written to the claim with `uid`.
+    pub fn note_written(&self, uid: &str, devices: Vec<DeviceId>) {
+        self.written
+            .lock()
+            .unwrap()
+            .insert(uid.to_string(), devices);
+    }
+
+    /// The write for `uid` surely did not commit, or its claim is gone, or
+    /// the claim as read shows what it holds: forget it.
+    pub fn forget_written(&self, uid: &str) {
+        self.written.lock().unwrap().remove(uid);
+    }
+
+    /// The claim watch showed `claim`: once allocated, it speaks for itself.
+    pub fn claim_seen(&self, claim: &ClaimView) {
+        if claim.is_allocated() {
+            self.forget_written(claim.uid());
+        }
+    }
+
+    /// Devices no new allocation may take: those held by `claims` (the
+    /// cache and a fresh read, possibly overlapping) and those of our own
+    /// writes not seen yet, except the claim being allocated.
+    pub fn in_use<'a>(
+        &self,
+        claims: impl IntoIterator<Item = &'a ClaimView>,
+        except_uid: &str,
+    ) -> HashSet<DeviceId> {
+        let mut used: HashSet<DeviceId> = claims
+            .into_iter()
+            .filter(|c| c.uid() != except_uid)
+            .flat_map(ClaimView::held_devices)
+            .collect();
+        for (uid, devices) in self.written.lock().unwrap().iter() {
+            if uid != except_uid {
+                used.extend(devices.iter().cloned());
+            }
+        }
+        used
+    }
+
+    /// Notes that the pod `key` waits for devices on `node`; returns
+    /// whether `message` is news (the user has not been told this yet).
+    pub fn wait(&self, key: &str, node: &str, message: &str) -> bool {
+        let mut waiting = self.waiting.lock().unwrap();
+        let previous = waiting.insert(
+            key.to_string(),
+            Waiting {
+                node: node.to_string(),
+                told: message.to_string(),
+            },
+        );
+        previous.is_none_or(|p| p.told != message)
+    }
+
+    pub fn stop_waiting(&self, key: &str) {
+        self.waiting.lock().unwrap().remove(key);
+    }
+
+    /// Keys of the pods waiting on `node` (`None`: on any node).
+    pub fn waiting_on(&self, node: Option<&str>) -> Vec<String> {
+        self.waiting
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, w)| node.is_none_or(|n| w.node == n))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+}
+
+/// Devices held by more than one claim (admin access aside): what the
+/// safety-net gauge counts. Must be 0.
+pub fn double_allocations<'a>(claims: impl IntoIterator<Item = &'a ClaimView>) -> usize {
+    let mut holders: HashMap<DeviceId, usize> = HashMap::new();
+    for claim in claims {
+        let mut mine: Vec<DeviceId> = claim.held_devices().collect();
+        // A claim listing a device twice is not two claims holding it.
+        mine.sort();
+        mine.dedup();
+        for device in mine {
+            *holders.entry(device).or_default() += 1;
+        }
+    }
+    holders.values().filter(|n| **n > 1).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn claim(uid: &str, devices: &[(&str, bool)]) -> ClaimView {
+        let results: Vec<_> = devices
+            .iter()
+            .map(|(d, admin)| json!({"request": "r", "driver": "gpu", "pool": "node-1", "device": d, "adminAccess": admin}))
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "status": {"allocation": {"devices": {"results": results}}},
+        }))
+        .unwrap()
+    }
+
+    fn id(device: &str) -> DeviceId {
+        DeviceId {
+            driver: "gpu".into(),
+            pool: "node-1".into(),
+            device: device.into(),
+        }
+    }
+
+    #[test]
+    fn in_use_counts_claims_and_unseen_writes_but_not_admin_access_or_the_claim_itself() {
+        let state = Allocation::new("x=y".into());
+        let claims = [
+            claim("a", &[("gpu-0", false)]),
+            claim("b", &[("gpu-1", true)]),
+            claim("self", &[("gpu-2", false)]),
+        ];
+        state.note_written("c", vec![id("gpu-3")]);
+        state.note_written("self", vec![id("gpu-4")]);
+        let used = state.in_use(&claims, "self");
+        assert_eq!(used, HashSet::from([id("gpu-0"), id("gpu-3")]));
+        // Seen allocated: the cache speaks for it from now on.
+        state.claim_seen(&claim("c", &[("gpu-3", false)]));
+        assert_eq!(state.in_use(&claims, "self"), HashSet::from([id("gpu-0")]));
+    }
+
+    #[test]
+    fn double_allocations_count_devices_not_claims() {
+        let claims = [
+            claim("a", &[("gpu-0", false), ("gpu-1", false)]),
+            claim("b", &[("gpu-0", false)]),
+            claim("c", &[("gpu-0", false), ("gpu-1", false)]),
+            claim("d", &[("gpu-2", true)]),
+            claim("e", &[("gpu-2", false)]),
+        ];
+        assert_eq!(double_allocations(&claims), 2);
+        assert_eq!(double_allocations(&claims[3..]), 0);
+    }
+
+    #[test]
+    fn a_failure_is_told_once_until_it_changes() {
+        let state = Allocation::new("x=y".into());
+        assert!(state.wait("ns/p", "node-1", "2 needed, 1 free"));
+        assert!(!state.wait("ns/p", "node-1", "2 needed, 1 free"));
+        assert!(state.wait("ns/p", "node-1", "2 needed, 0 free"));
+        assert_eq!(state.waiting_on(Some("node-1")), vec!["ns/p".to_string()]);
+        assert!(state.waiting_on(Some("node-2")).is_empty());
+        state.stop_waiting("ns/p");
+        assert!(state.waiting_on(None).is_empty());
+    }
+}
