@@ -22,6 +22,8 @@ use dra_e2e::{
     rawhttp, rbac, reference, replica, scheduler,
 };
 
+#[path = "e2e/allocator.rs"]
+mod allocator;
 #[path = "e2e/drain_check.rs"]
 mod drain_check;
 #[path = "e2e/faults_api.rs"]

@@ -1597,7 +1597,10 @@ fn double_allocation_alert_follows_values() {
     assert_eq!(rule["for"], "10m");
     assert_eq!(rule["labels"]["severity"], "critical");
     let description = str_of(&rule["annotations"]["description"]);
-    assert!(description.contains("kubectl get resourceclaims -A"), "{description}");
+    assert!(
+        description.contains("kubectl get resourceclaims -A"),
+        "{description}"
+    );
     assert!(description.contains("{{ $value }}"), "{description}");
     assert!(
         str_of(&rule["annotations"]["summary"]).contains("more than one"),

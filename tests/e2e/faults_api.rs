@@ -43,7 +43,7 @@ fn plan() -> FaultPlan {
 
 /// Starts the fault proxy in front of the isolated API server and one
 /// controller that talks only to the proxy, with its own token.
-async fn controller_behind_proxy(t: &mut TestCtx, plan: FaultPlan) -> FaultProxy {
+pub async fn controller_behind_proxy(t: &mut TestCtx, plan: FaultPlan) -> FaultProxy {
     let cluster = &t.isolated_env().cluster;
     let url = cluster.url().expect("API server URL");
     let kubeconfig = cluster.dir.join("controller-via-proxy.kubeconfig");

@@ -244,7 +244,7 @@ async fn policy_rewrites_only_prescheduled_pods_with_claims() {
 }
 
 /// A Node the scheduler can use: no taints, room for pods.
-async fn create_schedulable_node(client: &kube::Client, name: &str) {
+pub async fn create_schedulable_node(client: &kube::Client, name: &str) {
     let nodes: Api<Node> = Api::all(client.clone());
     nodes
         .create(
@@ -284,7 +284,7 @@ async fn create_schedulable_node(client: &kube::Client, name: &str) {
 }
 
 /// A DeviceClass matching the e2e driver.
-async fn create_device_class(client: &kube::Client) {
+pub async fn create_device_class(client: &kube::Client) {
     let classes: Api<DeviceClass> = Api::all(client.clone());
     classes
         .create(
@@ -300,7 +300,7 @@ async fn create_device_class(client: &kube::Client) {
 }
 
 /// A node-local slice of `devices` devices of the e2e driver on `node`.
-async fn create_devices(client: &kube::Client, node: &str, devices: usize) {
+pub async fn create_devices(client: &kube::Client, node: &str, devices: usize) {
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     let devices: Vec<Value> = (0..devices)
         .map(|i| json!({"name": format!("dev-{i}")}))

@@ -474,6 +474,8 @@ pub struct ControllerOpts {
     /// Lease duration, renew deadline and retry period. Short by default,
     /// so hand-over tests are quick.
     pub lease_timing: [&'static str; 3],
+    /// Further flags, appended as given.
+    pub extra_args: Vec<String>,
 }
 
 impl Default for ControllerOpts {
@@ -488,6 +490,7 @@ impl Default for ControllerOpts {
             concurrent_syncs: 50,
             min_resync_period: None,
             lease_timing: ["4s", "3s", "1s"],
+            extra_args: Vec::new(),
         }
     }
 }
@@ -564,6 +567,7 @@ impl Controller {
         if let Some(period) = &opts.min_resync_period {
             args.extend(["--min-resync-period".into(), period.clone()]);
         }
+        args.extend(opts.extra_args.iter().cloned());
         let log = spec.dir.join(format!("controller-{label}.log"));
         let binary = controller_binary()?;
         // Plain text in the log file: no terminal colour codes.

@@ -76,6 +76,10 @@ pub struct FaultPlan {
     /// Every watch event reaches the client this much later than the API
     /// server sent it (a lagging watch, as under load).
     pub watch_lag: Duration,
+    /// When not empty, only watches whose path contains one of these lag
+    /// (one watch behind another, as when one resource's watch cache is
+    /// slow).
+    pub watch_lag_only: Vec<String>,
     /// Claim creations (POST …/resourceclaims) forwarded, so the claim is
     /// created, but answered with `lost_create_code` instead of the real
     /// answer: a response lost after the write committed.
@@ -441,6 +445,12 @@ async fn handle(
     if watch {
         counts.watches.fetch_add(1, Ordering::Relaxed);
     }
+    let lags = state.plan.watch_lag_only.is_empty()
+        || state
+            .plan
+            .watch_lag_only
+            .iter()
+            .any(|p| req.uri().path().contains(p.as_str()));
     match decide(&state, req.method(), req.uri().path(), watch) {
         Verdict::Status(code, reason) => {
             let mut resp = Response::builder()
@@ -489,7 +499,11 @@ async fn handle(
                     cut_after,
                     stall_after,
                     stall_epoch: state.stall_epoch.subscribe(),
-                    lag: state.plan.watch_lag,
+                    lag: if lags {
+                        state.plan.watch_lag
+                    } else {
+                        Duration::ZERO
+                    },
                     counts: state.counts.clone(),
                 };
                 Ok(resp.map(|body| watch_body(body, faults)))
