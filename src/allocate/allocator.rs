@@ -284,11 +284,15 @@ fn alternative(
     let mut matching = Vec::new();
     for (idx, device) in input.inventory.devices.iter().enumerate() {
         tally.total += 1;
-        if !selected(&class_selectors, device)? {
+        // kube-scheduler skips devices in use before evaluating selectors:
+        // an error on one of those must not fail the claim.
+        let taken = !admin && input.in_use.contains(&device.id);
+        let lenient = |r: Result<bool, String>| if taken { r.or(Ok(false)) } else { r };
+        if !lenient(selected(&class_selectors, device))? {
             tally.class_rejected += 1;
             continue;
         }
-        if !selected(&own_selectors, device)? {
+        if !lenient(selected(&own_selectors, device))? {
             tally.request_rejected += 1;
             continue;
         }
@@ -302,6 +306,21 @@ fn alternative(
         } else {
             tally.free += 1;
             candidates.push(idx);
+        }
+    }
+    if mode == Mode::All {
+        for device in &input.inventory.foreign {
+            if selected(&class_selectors, device).unwrap_or(false)
+                && selected(&own_selectors, device).unwrap_or(false)
+            {
+                return Err(format!(
+                    "claim {claim_key}, request {name}: asks for all devices, and device {} of a pool \
+                     that is not node-local matches; this allocator only allocates node-local devices: \
+                     use a class or selectors that match node-local devices only, or schedule the pod \
+                     through kube-scheduler",
+                    device.id
+                ));
+            }
         }
     }
     Ok(Alternative {
@@ -440,9 +459,12 @@ impl Search<'_> {
         if request == self.requests.len() {
             return Ok(true);
         }
+        // The API's limit is on the whole claim, across requests.
+        let room = MAX_DEVICES_PER_CLAIM - self.chosen.iter().map(|(_, d)| d.len()).sum::<usize>();
         for (a, alt) in self.requests[request].alternatives.iter().enumerate() {
             let found = match alt.mode {
-                Mode::Count(n) if n > MAX_DEVICES_PER_CLAIM || n > alt.candidates.len() => false,
+                Mode::Count(n) if n > room || n > alt.candidates.len() => false,
+                Mode::All if alt.matching.len() > room => false,
                 Mode::Count(n) => self.pick(request, a, n, 0, &mut Vec::new())?,
                 Mode::All => self.take_all(request, a)?,
             };

@@ -48,6 +48,12 @@ pub struct Inventory {
     pub incomplete_pools: BTreeSet<String>,
     /// `driver/pool` of node pools that name a device twice.
     pub invalid_pools: BTreeSet<String>,
+    /// Devices of pools that are not node-local (network-attached,
+    /// `allNodes`, per-device node selection), which may be visible to the
+    /// node too: never allocated here, but an `All` request that matches one
+    /// must be refused rather than given fewer devices than the scheduler
+    /// would give.
+    pub foreign: Vec<NodeDevice>,
 }
 
 impl Inventory {
@@ -63,65 +69,85 @@ impl Inventory {
     }
 }
 
-struct PoolSlices<'a> {
+/// The node's slices of one pool at the newest generation it has.
+struct LocalPool<'a> {
     generation: i64,
     expected: i64,
-    /// Slices of the newest generation, on any node (a pool may span nodes).
-    newest: Vec<&'a ResourceSlice>,
+    slices: Vec<&'a ResourceSlice>,
 }
 
-/// The node's devices from `slices` (all slices the cluster has: a pool's
-/// completeness counts its slices on every node).
+/// The node's devices from `slices` (all slices the cluster has: a pool
+/// that spans nodes is complete only counting its slices on every node).
+///
+/// As kube-scheduler decides it: the newest generation among the node's
+/// own slices of a pool counts; complete when those slices are as many as
+/// the pool says; otherwise the pool is obsolete when another node has a
+/// newer generation, complete when the slices of that generation on every
+/// node add up, incomplete if not.
 pub fn node_inventory(node: &str, slices: &[ResourceSlice]) -> Inventory {
-    // Only pools with a slice on this node matter.
-    let local_pools: BTreeSet<(&str, &str)> = slices
+    let mut pools: BTreeMap<(&str, &str), LocalPool> = BTreeMap::new();
+    for slice in slices
         .iter()
         .filter(|s| s.spec.node_name.as_deref() == Some(node))
-        .map(|s| (s.spec.driver.as_str(), s.spec.pool.name.as_str()))
-        .collect();
-    let mut pools: BTreeMap<(&str, &str), PoolSlices> = BTreeMap::new();
-    for slice in slices {
+    {
         let key = (slice.spec.driver.as_str(), slice.spec.pool.name.as_str());
-        if !local_pools.contains(&key) {
-            continue;
-        }
         let pool = &slice.spec.pool;
-        let entry = pools.entry(key).or_insert(PoolSlices {
+        let entry = pools.entry(key).or_insert(LocalPool {
             generation: pool.generation,
             expected: pool.resource_slice_count,
-            newest: Vec::new(),
+            slices: Vec::new(),
         });
         if pool.generation > entry.generation {
             entry.generation = pool.generation;
             entry.expected = pool.resource_slice_count;
-            entry.newest.clear();
+            entry.slices.clear();
         }
         if pool.generation == entry.generation {
-            entry.newest.push(slice);
+            entry.slices.push(slice);
         }
     }
     let mut inventory = Inventory::default();
+    for slice in slices.iter().filter(|s| s.spec.node_name.is_none()) {
+        let driver = slice.spec.driver.as_str();
+        for device in slice.spec.devices.iter().flatten() {
+            let (facts, _) = device_facts(driver, device);
+            inventory.foreign.push(NodeDevice {
+                id: DeviceId {
+                    driver: driver.to_string(),
+                    pool: slice.spec.pool.name.clone(),
+                    device: device.name.clone(),
+                },
+                facts,
+                taints: Vec::new(),
+                unsupported: Some("is not node-local".into()),
+            });
+        }
+    }
     for ((driver, pool_name), mut pool) in pools {
         let pool_key = format!("{driver}/{pool_name}");
-        pool.newest
+        if pool.slices.len() as i64 != pool.expected {
+            let same_pool = || {
+                slices
+                    .iter()
+                    .filter(|s| s.spec.driver == driver && s.spec.pool.name == pool_name)
+            };
+            if same_pool().any(|s| s.spec.pool.generation > pool.generation) {
+                // Obsolete: the driver has moved on.
+                continue;
+            }
+            let everywhere = same_pool()
+                .filter(|s| s.spec.pool.generation == pool.generation)
+                .count();
+            if everywhere as i64 != pool.expected {
+                inventory.incomplete_pools.insert(pool_key);
+                continue;
+            }
+        }
+        pool.slices
             .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        let local: Vec<&ResourceSlice> = pool
-            .newest
-            .iter()
-            .copied()
-            .filter(|s| s.spec.node_name.as_deref() == Some(node))
-            .collect();
-        if local.is_empty() {
-            // The node's slices are of an older generation: obsolete.
-            continue;
-        }
-        if pool.newest.len() as i64 != pool.expected {
-            inventory.incomplete_pools.insert(pool_key);
-            continue;
-        }
         let mut names = BTreeSet::new();
         let duplicate = pool
-            .newest
+            .slices
             .iter()
             .flat_map(|s| s.spec.devices.iter().flatten())
             .any(|d| !names.insert(d.name.as_str()));
@@ -129,6 +155,7 @@ pub fn node_inventory(node: &str, slices: &[ResourceSlice]) -> Inventory {
             inventory.invalid_pools.insert(pool_key);
             continue;
         }
+        let local = pool.slices;
         for slice in local {
             let slice_unsupported = slice_unsupported(slice);
             for device in slice.spec.devices.iter().flatten() {
@@ -213,7 +240,7 @@ fn device_facts(driver: &str, device: &Device) -> (DeviceFacts, Option<String>) 
             AttributeValue::String(s.clone())
         } else if let Some(v) = &attr.version {
             match Version::parse(v) {
-                Ok(v) => AttributeValue::Version(v),
+                Ok(parsed) => AttributeValue::Version(parsed, v.clone()),
                 Err(e) => {
                     problem.get_or_insert(format!("attribute {name}: {e}"));
                     continue;

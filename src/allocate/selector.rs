@@ -30,12 +30,26 @@ pub struct DeviceFacts {
     pub capacity: BTreeMap<String, BTreeMap<String, Quantity>>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub enum AttributeValue {
     Bool(bool),
     Int(i64),
     String(String),
-    Version(Version),
+    /// Parsed for selectors; `matchAttribute` compares the text as written,
+    /// as kube-scheduler does ("1.0.0+a" and "1.0.0+b" differ).
+    Version(Version, String),
+}
+
+impl PartialEq for AttributeValue {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (AttributeValue::Bool(a), AttributeValue::Bool(b)) => a == b,
+            (AttributeValue::Int(a), AttributeValue::Int(b)) => a == b,
+            (AttributeValue::String(a), AttributeValue::String(b)) => a == b,
+            (AttributeValue::Version(_, a), AttributeValue::Version(_, b)) => a == b,
+            _ => false,
+        }
+    }
 }
 
 /// A compiled selector, with the string literals it uses (the candidate
@@ -351,7 +365,7 @@ fn attribute_value(v: &AttributeValue) -> Value {
         AttributeValue::Bool(b) => Value::Bool(*b),
         AttributeValue::Int(i) => Value::Int(*i),
         AttributeValue::String(s) => Value::from(s.as_str()),
-        AttributeValue::Version(v) => Value::Opaque(Arc::new(SemverValue(v.clone()))),
+        AttributeValue::Version(v, _) => Value::Opaque(Arc::new(SemverValue(v.clone()))),
     }
 }
 

@@ -1292,3 +1292,134 @@ fn selectors_see_the_dra_environment() {
         );
     }
 }
+
+#[test]
+fn too_many_devices_total_across_subrequests() {
+    // 16 + 17 results would exceed the claim's 32: the second request falls
+    // back to its one-device subrequest.
+    let names: Vec<String> = (0..40).map(|i| format!("device-{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let case = Case::new(
+        vec![slice("slice-1", "pool-1", "driver-a", devices(&names))],
+        claim(json!({"requests": [
+            exactly("req-0", "class-a", json!({"count": 16})),
+            {"name": "req-1", "firstAvailable": [
+                {"name": "many", "deviceClassName": "class-a", "allocationMode": "ExactCount", "count": 17},
+                {"name": "one", "deviceClassName": "class-a", "allocationMode": "ExactCount", "count": 1},
+            ]},
+        ]})),
+    );
+    let got = case.devices();
+    assert_eq!(got.len(), 17);
+    assert_eq!(got.last().unwrap().0, "req-1/one");
+}
+
+#[test]
+fn selector_errors_on_devices_in_use_do_not_fail_the_claim() {
+    // device-1 (in use) lacks the attribute the selector reads: kube-scheduler
+    // never evaluates it, so neither may we.
+    let mut case = Case::new(
+        vec![slice(
+            "slice-1",
+            "pool-1",
+            "driver-a",
+            attr_devices(&[
+                ("device-1", json!({})),
+                ("device-2", json!({"model": {"string": "a"}})),
+            ]),
+        )],
+        claim(
+            json!({"requests": [exactly("req-0", "class-a", json!({"selectors": [
+            {"cel": {"expression": "device.attributes['driver-a'].model == 'a'"}}]}))]}),
+        ),
+    );
+    case.in_use = vec![("driver-a", "pool-1", "device-1")];
+    assert_eq!(case.devices(), picked(&[("req-0", "pool-1", "device-2")]));
+}
+
+#[test]
+fn multi_host_resource_pool_complete_update_from_node_1_to_node_2() {
+    // The node's own slices are complete at generation 1: used, as
+    // kube-scheduler uses them, although another node publishes generation 2.
+    let case = Case::new(
+        vec![
+            slice_on(
+                "slice-1",
+                NODE,
+                "pool-1",
+                "driver-a",
+                1,
+                1,
+                devices(&["device-1"]),
+            ),
+            slice_on(
+                "slice-2",
+                "node-2",
+                "pool-1",
+                "driver-a",
+                2,
+                1,
+                devices(&["device-2"]),
+            ),
+        ],
+        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
+    );
+    assert_eq!(case.devices(), picked(&[("req-0", "pool-1", "device-1")]));
+}
+
+#[test]
+fn all_devices_refused_when_a_network_attached_device_matches() {
+    let mut network = slice("slice-n", "pool-n", "driver-a", devices(&["device-9"]));
+    network.spec.node_name = None;
+    network.spec.all_nodes = Some(true);
+    let case = Case::new(
+        vec![
+            slice("slice-1", "pool-1", "driver-a", devices(&["device-1"])),
+            network,
+        ],
+        claim(json!({"requests": [exactly("req-0", "class-a", json!({"allocationMode": "All"}))]})),
+    );
+    let why = case.refused();
+    assert!(
+        why.contains("device driver-a/pool-n/device-9 of a pool that is not node-local"),
+        "{why}"
+    );
+    // A class that matches only node-local devices is not affected.
+    let mut other = network_free_case();
+    other.classes = vec![class("class-a", "driver-a")];
+    assert_eq!(other.devices().len(), 1);
+}
+
+fn network_free_case() -> Case {
+    let mut network = slice("slice-n", "pool-n", "driver-b", devices(&["device-9"]));
+    network.spec.node_name = None;
+    network.spec.all_nodes = Some(true);
+    Case::new(
+        vec![
+            slice("slice-1", "pool-1", "driver-a", devices(&["device-1"])),
+            network,
+        ],
+        claim(json!({"requests": [exactly("req-0", "class-a", json!({"allocationMode": "All"}))]})),
+    )
+}
+
+#[test]
+fn with_constraint_not_matching_version_build_metadata() {
+    // Versions are compared as written: build metadata makes them differ.
+    let case = Case::new(
+        vec![slice(
+            "slice-1",
+            "pool-1",
+            "driver-a",
+            attr_devices(&[
+                ("device-1", json!({"driverVersion": {"version": "1.0.0+a"}})),
+                ("device-2", json!({"driverVersion": {"version": "1.0.0+b"}})),
+            ]),
+        )],
+        claim(json!({
+            "requests": [exactly("req-0", "class-a", json!({"count": 2}))],
+            "constraints": [{"matchAttribute": "driver-a/driverVersion"}],
+        })),
+    );
+    case.unsatisfiable();
+}

@@ -237,13 +237,19 @@ async fn allocator_on_declared_nodes() {
         "allocated on an undeclared node"
     );
 
+    // Declared later: the pod already there is picked up at once (not at
+    // the next resync).
+    declare(&t.client, "alloc-2").await;
+    let (_, late) = wait_allocated(&t, "elsewhere", "allocated once its node is declared").await;
+    assert!(late.iter().all(|(pool, _)| pool == "alloc-2"), "{late:?}");
+
     let text = t.controller().metrics_text().await.unwrap();
     let ok = crate::rawhttp::metric_value(
         &text,
         "dra_claim_controller_allocations_total",
         &["result=\"allocated\""],
     );
-    assert!(ok.is_some_and(|n| n >= 2.0), "allocations counted: {ok:?}");
+    assert!(ok.is_some_and(|n| n >= 3.0), "allocations counted: {ok:?}");
     assert_eq!(double_allocations(&t).await, 0.0);
     t.finish();
 }

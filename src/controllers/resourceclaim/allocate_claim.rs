@@ -1,10 +1,13 @@
-//! Allocating a pre-scheduled pod's claim on a declared node: read the
-//! claim and every allocated device fresh, run the allocator, write the
-//! result and the reservation in one guarded status patch.
+//! Allocating a pre-scheduled pod's claims on a declared node: read the
+//! claims and every allocated device fresh, plan all the pod's claims
+//! together, then write each result and its reservation in one guarded
+//! status patch.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimConsumerReference};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceClass, ResourceClaim, ResourceClaimConsumerReference,
+};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tracing::{debug, info, warn};
@@ -13,7 +16,7 @@ use super::allocation::Allocation;
 use super::context::Context;
 use super::error::{SyncError, kube_err};
 use super::views::{ClaimView, PodView};
-use crate::allocate::{self, AllocationInput, DeviceId, Outcome};
+use crate::allocate::{self, AllocationInput, DeviceId, Inventory, Outcome};
 
 /// Event reason for a claim the allocator could not allocate.
 pub const REASON_ALLOCATION_FAILED: &str = "FailedResourceClaimAllocation";
@@ -22,54 +25,73 @@ pub const REASON_ALLOCATION_FAILED: &str = "FailedResourceClaimAllocation";
 pub const DELETE_PROTECTION_FINALIZER: &str = "resource.kubernetes.io/delete-protection";
 /// Page size of the fresh claim read.
 const LIST_PAGE: u32 = 500;
+/// Claim orders tried for a pod with several claims to allocate (all
+/// orders of up to four claims; the given order beyond that).
+const MAX_ORDERS: usize = 24;
 
 /// How an attempt ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Attempt {
     Allocated,
-    /// Someone else allocated it, or it is gone or being deleted.
+    /// Nothing left to allocate (allocated meanwhile, gone, being deleted).
     NothingToDo,
     /// No allocation now; the pod waits (the user was told).
     Waiting,
+    /// Another allocation is running: try again in a moment, without
+    /// holding a worker.
+    Busy,
 }
 
-/// Allocates `claim_name` for `pod` (reserving it for `consumer`).
+/// A claim of the pod to allocate, and whom to reserve it for.
+pub struct Wanted<'a> {
+    pub claim_name: &'a str,
+    pub consumer: &'a ResourceClaimConsumerReference,
+}
+
+/// Allocates the pod's `wanted` claims together: either every one gets
+/// devices, or none is written.
 pub async fn allocate_for_pod(
     ctx: &Context,
     state: &Allocation,
     pod: &PodView,
-    claim_name: &str,
-    consumer: &ResourceClaimConsumerReference,
+    wanted: &[Wanted<'_>],
 ) -> Result<Attempt, SyncError> {
     let ns = pod.namespace();
     let node = pod.node_name().unwrap_or_default();
-    let _turn = state.turn.lock().await;
-    let claims: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), ns);
-    let read = claims.get_opt(claim_name).await;
-    let Some(claim) = read.map_err(kube_err(format_args!(
-        "reading ResourceClaim {ns}/{claim_name}"
-    )))?
-    else {
-        return Ok(Attempt::NothingToDo);
+    let Ok(_turn) = state.turn.try_lock() else {
+        return Ok(Attempt::Busy);
     };
-    let uid = claim.metadata.uid.clone().unwrap_or_default();
-    if claim.metadata.deletion_timestamp.is_some()
-        || claim
+    let api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let mut claims = Vec::new();
+    for w in wanted {
+        let read = api.get_opt(w.claim_name).await;
+        let name = w.claim_name;
+        let Some(claim) =
+            read.map_err(kube_err(format_args!("reading ResourceClaim {ns}/{name}")))?
+        else {
+            continue;
+        };
+        state.claim_read(&claim);
+        let allocated = claim
             .status
             .as_ref()
-            .is_some_and(|s| s.allocation.is_some())
-    {
+            .is_some_and(|s| s.allocation.is_some());
+        if claim.metadata.deletion_timestamp.is_none() && !allocated {
+            claims.push((claim, w.consumer));
+        }
+    }
+    if claims.is_empty() {
         // Allocated (by us, seen now, or by someone else): the reservation
         // follows from the claim watch.
-        state.forget_written(&uid);
         return Ok(Attempt::NothingToDo);
     }
-    // Read fresh: an earlier write of ours that lost its answer did not
-    // commit after all.
-    state.forget_written(&uid);
     let fresh = list_claims(ctx).await?;
     let cached = ctx.caches.claims.list();
-    let in_use = state.in_use(fresh.iter().chain(cached.iter().map(|c| &**c)), &uid);
+    let uids: HashSet<&str> = claims
+        .iter()
+        .filter_map(|(c, _)| c.metadata.uid.as_deref())
+        .collect();
+    let in_use = state.in_use(fresh.iter().chain(cached.iter().map(|c| &**c)), &uids);
     let slices = state.slices.list();
     let slices: Vec<_> = slices.iter().map(|s| (**s).clone()).collect();
     let inventory = allocate::node_inventory(node, &slices);
@@ -79,36 +101,114 @@ pub async fn allocate_for_pod(
         .into_iter()
         .map(|c| (c.metadata.name.clone().unwrap_or_default(), (*c).clone()))
         .collect();
-    let outcome = allocate::allocate(&AllocationInput {
-        claim: &claim,
-        classes: &classes,
-        node,
-        inventory: &inventory,
-        in_use: &in_use,
-        admin_access_enabled: ctx.gates.admin_access,
-        prioritized_list_enabled: ctx.gates.prioritized_list,
-    });
     let pod_key = format!("{ns}/{}", pod.name());
-    let (label, why) = match outcome {
-        Outcome::Allocated(result) => ("allocated", Ok(result)),
-        Outcome::Unsatisfiable(why) => ("unsatisfiable", Err(why)),
-        Outcome::Refused(why) => ("refused", Err(why)),
-    };
-    let result = match why {
-        Ok(result) => result,
-        Err(why) => {
+    let gates = (ctx.gates.admin_access, ctx.gates.prioritized_list);
+    let to_plan: Vec<&ResourceClaim> = claims.iter().map(|(c, _)| c).collect();
+    let plan = match plan(&to_plan, &classes, node, &inventory, in_use, gates) {
+        Ok(plan) => plan,
+        Err((label, claim_name, why)) => {
             ctx.metrics.record_allocation(label);
             let message = format!("ResourceClaim {claim_name} on node {node}: {why}");
-            warn!(claim = %claim_name, node, reason = %why, "cannot allocate claim");
             if state.wait(&pod_key, node, &message) {
+                warn!(claim = %claim_name, node, reason = %why, "cannot allocate claim");
                 ctx.events
                     .warn(pod, REASON_ALLOCATION_FAILED, &message)
                     .await;
+            } else {
+                debug!(claim = %claim_name, node, reason = %why, "still cannot allocate claim");
             }
             return Ok(Attempt::Waiting);
         }
     };
-    let devices: Vec<DeviceId> = result
+    for ((claim, consumer), result) in claims.iter().zip(plan) {
+        write(ctx, state, &api, claim, consumer, result, node).await?;
+    }
+    state.stop_waiting(&pod_key);
+    Ok(Attempt::Allocated)
+}
+
+/// An allocation for every claim, trying claim orders (an earlier claim's
+/// devices are not free for a later one); the first order's failure when
+/// none works: `(metric label, claim, reason)`.
+/// `gates`: DRAAdminAccess and DRAPrioritizedList.
+pub fn plan(
+    claims: &[&ResourceClaim],
+    classes: &BTreeMap<String, DeviceClass>,
+    node: &str,
+    inventory: &Inventory,
+    in_use: HashSet<DeviceId>,
+    gates: (bool, bool),
+) -> Result<Vec<AllocationResult>, (&'static str, String, String)> {
+    let mut first_failure = None;
+    for order in orders(claims.len()) {
+        let mut taken = in_use.clone();
+        let mut results: Vec<Option<AllocationResult>> = vec![None; claims.len()];
+        let mut failed = None;
+        for &i in &order {
+            let claim = claims[i];
+            let outcome = allocate::allocate(&AllocationInput {
+                claim,
+                classes,
+                node,
+                inventory,
+                in_use: &taken,
+                admin_access_enabled: gates.0,
+                prioritized_list_enabled: gates.1,
+            });
+            let name = claim.metadata.name.clone().unwrap_or_default();
+            match outcome {
+                Outcome::Allocated(result) => {
+                    taken.extend(held(&result));
+                    results[i] = Some(result);
+                }
+                Outcome::Unsatisfiable(why) => {
+                    failed = Some(("unsatisfiable", name, why));
+                    break;
+                }
+                Outcome::Refused(why) => {
+                    // No order changes what the claim asks for.
+                    return Err(("refused", name, why));
+                }
+            }
+        }
+        match failed {
+            None => return Ok(results.into_iter().flatten().collect()),
+            Some(failure) => {
+                first_failure.get_or_insert(failure);
+            }
+        }
+    }
+    Err(first_failure.expect("at least one order is tried"))
+}
+
+/// Orders of `n` claims to try: the given one first.
+fn orders(n: usize) -> Vec<Vec<usize>> {
+    fn permute(prefix: &mut Vec<usize>, rest: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        if rest.is_empty() {
+            out.push(prefix.clone());
+            return;
+        }
+        for i in 0..rest.len() {
+            let x = rest.remove(i);
+            prefix.push(x);
+            permute(prefix, rest, out);
+            prefix.pop();
+            rest.insert(i, x);
+        }
+    }
+    let mut out = Vec::new();
+    if n <= 4 {
+        permute(&mut Vec::new(), &mut (0..n).collect(), &mut out);
+    } else {
+        out.push((0..n).collect());
+    }
+    out.truncate(MAX_ORDERS);
+    out
+}
+
+/// The devices an allocation takes from others (admin access shares).
+fn held(result: &AllocationResult) -> Vec<DeviceId> {
+    result
         .devices
         .iter()
         .flat_map(|d| d.results.iter().flatten())
@@ -118,7 +218,24 @@ pub async fn allocate_for_pod(
             pool: r.pool.clone(),
             device: r.device.clone(),
         })
-        .collect();
+        .collect()
+}
+
+/// Adds the finalizer, then writes allocation and reservation in one patch
+/// guarded by the resourceVersion.
+async fn write(
+    ctx: &Context,
+    state: &Allocation,
+    api: &Api<ResourceClaim>,
+    claim: &ResourceClaim,
+    consumer: &ResourceClaimConsumerReference,
+    result: AllocationResult,
+    node: &str,
+) -> Result<(), SyncError> {
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    let ns = claim.metadata.namespace.as_deref().unwrap_or_default();
+    let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+    let devices = held(&result);
     let mut version = claim.metadata.resource_version.clone().unwrap_or_default();
     let finalizers = claim.metadata.finalizers.clone().unwrap_or_default();
     if !finalizers.iter().any(|f| f == DELETE_PROTECTION_FINALIZER) {
@@ -132,16 +249,12 @@ pub async fn allocate_for_pod(
             add,
         ]))
         .expect("well-formed patch");
-        let updated = claims
-            .patch(
-                claim_name,
-                &PatchParams::default(),
-                &Patch::Json::<()>(patch),
-            )
+        let updated = api
+            .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
             .await
             .inspect_err(|_| ctx.metrics.record_allocation("failed"))
             .map_err(kube_err(format_args!(
-                "adding finalizer {DELETE_PROTECTION_FINALIZER} to ResourceClaim {ns}/{claim_name}"
+                "adding finalizer {DELETE_PROTECTION_FINALIZER} to ResourceClaim {ns}/{name}"
             )))?;
         version = updated.metadata.resource_version.unwrap_or_default();
     }
@@ -151,30 +264,26 @@ pub async fn allocate_for_pod(
         {"op": "add", "path": "/status/reservedFor", "value": [consumer]},
     ]))
     .expect("well-formed patch");
-    // Counted as taken before the write: an answer lost after the write
-    // committed must not free the devices for the next claim.
-    state.note_written(&uid, devices.clone());
-    let written = claims
-        .patch_status(
-            claim_name,
-            &PatchParams::default(),
-            &Patch::Json::<()>(patch),
-        )
+    // Counted as taken before the write, with the version it is guarded
+    // by: an answer lost after the write committed (or a write that
+    // commits late) must not free the devices for the next claim.
+    state.note_written(uid, &version, devices.clone());
+    let written = api
+        .patch_status(name, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await;
     if let Err(err) = written {
         if !super::pod::may_have_committed(&err) {
-            state.forget_written(&uid);
+            state.forget_written(uid);
         }
         ctx.metrics.record_allocation("failed");
         return Err(kube_err(format_args!(
-            "writing status.allocation of ResourceClaim {ns}/{claim_name}"
+            "writing status.allocation of ResourceClaim {ns}/{name}"
         ))(err));
     }
     ctx.metrics.record_allocation("allocated");
-    state.stop_waiting(&pod_key);
     let names: Vec<String> = devices.iter().map(ToString::to_string).collect();
-    info!(claim = %claim_name, node, devices = ?names, "allocated claim and reserved it for the pod");
-    Ok(Attempt::Allocated)
+    info!(claim = %name, node, devices = ?names, "allocated claim and reserved it for the pod");
+    Ok(())
 }
 
 /// Every claim as the API server has it now (a quorum read, paged): the
@@ -197,4 +306,82 @@ async fn list_claims(ctx: &Context) -> Result<Vec<ClaimView>, SyncError> {
     }
     debug!(claims = claims.len(), "read every claim for allocation");
     Ok(claims)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+
+    /// Two claims of one pod: the first fits either device, the second only
+    /// model a. Claim by claim in the given order would strand the second;
+    /// planning both finds the assignment kube-scheduler would.
+    #[test]
+    fn a_pods_claims_are_planned_together() {
+        let slice: ResourceSlice = serde_json::from_value(json!({
+            "metadata": {"name": "s"},
+            "spec": {"driver": "gpu", "nodeName": "n", "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0", "attributes": {"model": {"string": "a"}}},
+                                 {"name": "gpu-1", "attributes": {"model": {"string": "b"}}}]}}))
+        .unwrap();
+        let class: DeviceClass =
+            serde_json::from_value(json!({"metadata": {"name": "gpu"}, "spec": {}})).unwrap();
+        let classes = BTreeMap::from([("gpu".to_string(), class)]);
+        let claim = |name: &str, selectors: serde_json::Value| -> ResourceClaim {
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ns"},
+                "spec": {"devices": {"requests": [{"name": "r", "exactly": {
+                    "deviceClassName": "gpu", "allocationMode": "ExactCount", "count": 1, "selectors": selectors}}]}}}))
+            .unwrap()
+        };
+        let any = claim("any", json!([]));
+        let model_a = claim(
+            "model-a",
+            json!([{"cel": {"expression": "device.attributes['gpu'].model == 'a'"}}]),
+        );
+        let inventory = allocate::node_inventory("n", &[slice]);
+        let plan = plan(
+            &[&any, &model_a],
+            &classes,
+            "n",
+            &inventory,
+            HashSet::new(),
+            (true, true),
+        )
+        .unwrap();
+        let device = |r: &AllocationResult| {
+            r.devices.as_ref().unwrap().results.as_ref().unwrap()[0]
+                .device
+                .clone()
+        };
+        assert_eq!(device(&plan[0]), "gpu-1");
+        assert_eq!(device(&plan[1]), "gpu-0");
+        // Nothing fits both: the failure of the given order is told.
+        let err = plan_err(&[&model_a, &model_a.clone()], &classes, &inventory);
+        assert_eq!(err.0, "unsatisfiable");
+    }
+
+    fn plan_err(
+        claims: &[&ResourceClaim],
+        classes: &BTreeMap<String, DeviceClass>,
+        inventory: &Inventory,
+    ) -> (&'static str, String, String) {
+        plan(
+            claims,
+            classes,
+            "n",
+            inventory,
+            HashSet::new(),
+            (true, true),
+        )
+        .unwrap_err()
+    }
+
+    #[test]
+    fn orders_start_with_the_given_one_and_stay_bounded() {
+        assert_eq!(orders(1), vec![vec![0]]);
+        assert_eq!(orders(2), vec![vec![0, 1], vec![1, 0]]);
+        assert_eq!(orders(4).len(), 24);
+        assert_eq!(orders(4)[0], vec![0, 1, 2, 3]);
+        assert_eq!(orders(6), vec![vec![0, 1, 2, 3, 4, 5]]);
+    }
 }

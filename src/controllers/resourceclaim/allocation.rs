@@ -64,10 +64,11 @@ pub struct Allocation {
     /// One allocation at a time: what one decides must be visible to the
     /// next, and the watch is not fast enough for that.
     pub turn: tokio::sync::Mutex<()>,
-    /// Claim UID → devices of an allocation this process wrote (or tried to:
-    /// an answer lost after the write committed counts) and the claim watch
-    /// has not shown yet.
-    written: Mutex<HashMap<String, Vec<DeviceId>>>,
+    /// Claim UID → the resourceVersion guarding an allocation this process
+    /// wrote (or tried to: an answer lost after the write committed counts,
+    /// and so does a write that may still commit) and its devices, until a
+    /// read shows it landed or can no longer land.
+    written: Mutex<HashMap<String, (String, Vec<DeviceId>)>>,
     /// Pod key (`namespace/name`) → what it waits for.
     waiting: Mutex<BTreeMap<String, Waiting>>,
 }
@@ -90,12 +91,13 @@ impl Allocation {
         self.nodes.get(node).is_some()
     }
 
-    /// Records devices about to be written to the claim with `uid`.
-    pub fn note_written(&self, uid: &str, devices: Vec<DeviceId>) {
+    /// Records devices about to be written to the claim with `uid`, by a
+    /// patch guarded by `version`.
+    pub fn note_written(&self, uid: &str, version: &str, devices: Vec<DeviceId>) {
         self.written
             .lock()
             .unwrap()
-            .insert(uid.to_string(), devices);
+            .insert(uid.to_string(), (version.to_string(), devices));
     }
 
     /// The write for `uid` surely did not commit, or its claim is gone, or
@@ -104,28 +106,48 @@ impl Allocation {
         self.written.lock().unwrap().remove(uid);
     }
 
-    /// The claim watch showed `claim`: once allocated, it speaks for itself.
+    /// The claim watch showed `claim`: once it shows our devices, it
+    /// speaks for itself (an older allocated state, from a lagging watch,
+    /// does not).
     pub fn claim_seen(&self, claim: &ClaimView) {
-        if claim.is_allocated() {
-            self.forget_written(claim.uid());
+        let mut written = self.written.lock().unwrap();
+        if let Some((_, devices)) = written.get(claim.uid()) {
+            let held: HashSet<DeviceId> = claim.held_devices().collect();
+            if claim.is_allocated() && devices.iter().all(|d| held.contains(d)) {
+                written.remove(claim.uid());
+            }
+        }
+    }
+
+    /// The claim as just read from the API server: once its version moved
+    /// past the one our write was guarded by, that write either landed
+    /// (and the claim shows it) or can never land.
+    pub fn claim_read(&self, claim: &k8s_openapi::api::resource::v1::ResourceClaim) {
+        let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+        let mut written = self.written.lock().unwrap();
+        if written
+            .get(uid)
+            .is_some_and(|(version, _)| claim.metadata.resource_version.as_deref() != Some(version))
+        {
+            written.remove(uid);
         }
     }
 
     /// Devices no new allocation may take: those held by `claims` (the
     /// cache and a fresh read, possibly overlapping) and those of our own
-    /// writes not seen yet, except the claim being allocated.
+    /// writes not seen yet, except the claims being allocated.
     pub fn in_use<'a>(
         &self,
         claims: impl IntoIterator<Item = &'a ClaimView>,
-        except_uid: &str,
+        except: &HashSet<&str>,
     ) -> HashSet<DeviceId> {
         let mut used: HashSet<DeviceId> = claims
             .into_iter()
-            .filter(|c| c.uid() != except_uid)
+            .filter(|c| !except.contains(c.uid()))
             .flat_map(ClaimView::held_devices)
             .collect();
-        for (uid, devices) in self.written.lock().unwrap().iter() {
-            if uid != except_uid {
+        for (uid, (_, devices)) in self.written.lock().unwrap().iter() {
+            if !except.contains(uid.as_str()) {
                 used.extend(devices.iter().cloned());
             }
         }
@@ -211,13 +233,35 @@ mod tests {
             claim("b", &[("gpu-1", true)]),
             claim("self", &[("gpu-2", false)]),
         ];
-        state.note_written("c", vec![id("gpu-3")]);
-        state.note_written("self", vec![id("gpu-4")]);
-        let used = state.in_use(&claims, "self");
+        state.note_written("c", "7", vec![id("gpu-3")]);
+        state.note_written("self", "8", vec![id("gpu-4")]);
+        let except = HashSet::from(["self"]);
+        let used = state.in_use(&claims, &except);
         assert_eq!(used, HashSet::from([id("gpu-0"), id("gpu-3")]));
-        // Seen allocated: the cache speaks for it from now on.
+        // A lagging watch showing another allocation of that claim: ours
+        // may still land.
+        state.claim_seen(&claim("c", &[("gpu-9", false)]));
+        assert!(state.in_use(&claims, &except).contains(&id("gpu-3")));
+        // Seen with our devices: the cache speaks for it from now on.
         state.claim_seen(&claim("c", &[("gpu-3", false)]));
-        assert_eq!(state.in_use(&claims, "self"), HashSet::from([id("gpu-0")]));
+        assert_eq!(state.in_use(&claims, &except), HashSet::from([id("gpu-0")]));
+    }
+
+    #[test]
+    fn a_write_is_forgotten_only_when_its_guard_can_no_longer_match() {
+        let state = Allocation::new("x=y".into());
+        state.note_written("c", "7", vec![id("gpu-3")]);
+        let read = |version: &str| -> k8s_openapi::api::resource::v1::ResourceClaim {
+            serde_json::from_value(
+                json!({"metadata": {"name": "c", "uid": "c", "resourceVersion": version}}),
+            )
+            .unwrap()
+        };
+        // Unchanged since the guarded write was sent: it may still land.
+        state.claim_read(&read("7"));
+        assert!(state.in_use(&[], &HashSet::new()).contains(&id("gpu-3")));
+        state.claim_read(&read("9"));
+        assert!(state.in_use(&[], &HashSet::new()).is_empty());
     }
 
     #[test]

@@ -2,13 +2,14 @@
 //! Nodes) do: keep its stores, and wake the pods waiting for devices when
 //! what they wait for may have changed.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use tracing::info;
 
 use super::Controller;
-use super::allocation::NodeView;
+use super::allocation::{Allocation, NodeView};
 use super::cache::Store;
 use super::enqueue::WorkKey;
 use super::views::ClaimView;
@@ -40,8 +41,14 @@ impl Controller {
         self.enqueue(keys);
     }
 
-    /// A claim changed: an allocation it held may be free now.
-    pub(super) fn allocation_claim_changed(&self, claim: &ClaimView, released: bool, gone: bool) {
+    /// A claim changed; `released` is its allocated state when this change
+    /// freed the devices: the pods waiting on their nodes may fit now.
+    pub(super) fn allocation_claim_changed(
+        &self,
+        claim: &ClaimView,
+        released: Option<&ClaimView>,
+        gone: bool,
+    ) {
         let Some(state) = &self.ctx.caches.allocation else {
             return;
         };
@@ -50,8 +57,41 @@ impl Controller {
         } else {
             state.claim_seen(claim);
         }
-        if released {
-            self.wake_waiting(None);
+        if let Some(allocated) = released {
+            let pools: BTreeSet<(String, String)> = allocated
+                .held_devices()
+                .map(|d| (d.driver, d.pool))
+                .collect();
+            if !pools.is_empty() {
+                self.wake_pools(state, &pools);
+            }
+        }
+    }
+
+    /// Wakes the pods waiting on nodes that publish slices of `pools`.
+    fn wake_pools(&self, state: &Allocation, pools: &BTreeSet<(String, String)>) {
+        let nodes: BTreeSet<String> = state
+            .slices
+            .list()
+            .iter()
+            .filter(|s| pools.contains(&(s.spec.driver.clone(), s.spec.pool.name.clone())))
+            .filter_map(|s| s.spec.node_name.clone())
+            .collect();
+        for node in nodes {
+            self.wake_waiting(Some(&node));
+        }
+    }
+
+    /// A node-local slice changed: its pool (whose completeness may span
+    /// nodes) may offer more now.
+    fn slice_changed(&self, state: &Allocation, slice: &ResourceSlice) {
+        if slice.spec.node_name.is_some() {
+            let pool = (slice.spec.driver.clone(), slice.spec.pool.name.clone());
+            self.wake_pools(state, &BTreeSet::from([pool]));
+            if let Some(node) = &slice.spec.node_name {
+                // Deleted slices are no longer in the store.
+                self.wake_waiting(Some(node));
+            }
         }
     }
 }
@@ -77,7 +117,7 @@ impl Handler<ResourceSlice> for Controller {
     fn deleted(&self, slice: ResourceSlice) {
         if let Some(state) = &self.ctx.caches.allocation {
             state.slices.delete(&name_of(&slice.metadata));
-            self.wake_waiting(None);
+            self.slice_changed(state, &slice);
         }
     }
 }
@@ -120,6 +160,18 @@ impl Handler<NodeView> for Controller {
             let name = name_of(&node.metadata);
             if state.nodes.apply(name.clone(), Arc::new(node)).is_none() {
                 info!(node = %name, "node declared for allocation");
+                // Pods already there were told nothing would allocate
+                // their claims: now something will.
+                let keys: Vec<WorkKey> = self
+                    .ctx
+                    .caches
+                    .pods
+                    .list()
+                    .iter()
+                    .filter(|p| p.node_name() == Some(name.as_str()))
+                    .map(|p| WorkKey::pod(p.namespace(), p.name()))
+                    .collect();
+                self.enqueue(keys);
             }
         }
     }

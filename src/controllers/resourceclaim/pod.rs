@@ -41,6 +41,9 @@ pub const NOT_ALLOCATED_GRACE: Duration = Duration::from_secs(10);
 /// How often a pod waiting for devices on a declared node is looked at
 /// again when nothing woke it.
 pub const ALLOCATION_RECHECK: Duration = Duration::from_secs(60);
+/// How soon a pod is looked at again when another allocation was running
+/// (the worker is not held while it runs).
+pub const ALLOCATION_BUSY_RETRY: Duration = Duration::from_millis(200);
 
 /// What to do for one template entry that has no usable claim yet.
 #[derive(Debug, Clone, PartialEq)]
@@ -551,22 +554,21 @@ pub async fn execute(
     if let Some(state) = &ctx.caches.allocation
         && !decision.to_allocate.is_empty()
     {
-        let mut waiting = false;
-        for wanted in &decision.to_allocate {
-            let attempt = super::allocate_claim::allocate_for_pod(
-                ctx,
-                state,
-                pod,
-                wanted.claim.name(),
-                &wanted.consumer,
-            )
-            .await?;
-            waiting |= attempt == super::allocate_claim::Attempt::Waiting;
-        }
-        if waiting {
+        use super::allocate_claim::{Attempt, Wanted, allocate_for_pod};
+        let wanted: Vec<Wanted> = decision
+            .to_allocate
+            .iter()
+            .map(|r| Wanted {
+                claim_name: r.claim.name(),
+                consumer: &r.consumer,
+            })
+            .collect();
+        match allocate_for_pod(ctx, state, pod, &wanted).await? {
+            Attempt::Allocated | Attempt::NothingToDo => {}
             // Woken by slice, class and claim changes; this is the net
             // under those.
-            return Ok(Synced::RecheckAfter(ALLOCATION_RECHECK));
+            Attempt::Waiting => return Ok(Synced::RecheckAfter(ALLOCATION_RECHECK)),
+            Attempt::Busy => return Ok(Synced::RecheckAfter(ALLOCATION_BUSY_RETRY)),
         }
     }
     if pod.is_pre_scheduled() && !created.is_empty() {

@@ -393,6 +393,10 @@ pub struct AllocatedDevice {
     pub pool: String,
     pub device: String,
     pub admin_access: Option<bool>,
+    /// Set for a share of a device that allows multiple allocations
+    /// (consumable capacity): such shares are not double allocations.
+    #[serde(rename = "shareID")]
+    pub share_id: Option<String>,
 }
 
 /// `status.reservedFor`, typed for decisions and kept as read for the
@@ -459,7 +463,7 @@ impl ClaimView {
             .allocation
             .iter()
             .flat_map(|a| &a.devices.results)
-            .filter(|r| r.admin_access != Some(true))
+            .filter(|r| r.admin_access != Some(true) && r.share_id.is_none())
             .map(|r| crate::allocate::DeviceId {
                 driver: r.driver.clone(),
                 pool: r.pool.clone(),

@@ -105,11 +105,12 @@ impl Handler<ClaimView> for Controller {
             .collect();
         for gone in caches.claims.replace(entries) {
             caches.forget_created(&object_key(gone.namespace(), gone.name()));
-            self.allocation_claim_changed(&gone, false, true);
+            let released = gone.is_allocated().then_some(&*gone);
+            self.allocation_claim_changed(&gone, released, true);
             self.claim_changed(&gone, true);
         }
         for claim in &claims {
-            self.allocation_claim_changed(claim, false, false);
+            self.allocation_claim_changed(claim, None, false);
         }
         self.wake_waiting(None);
         // Startup (and every relist): check every claim once, for
@@ -127,8 +128,8 @@ impl Handler<ClaimView> for Controller {
         let claim = Arc::new(claim);
         let old = caches.claims.apply(key.clone(), claim.clone());
         caches.forget_created(&key);
-        let released = old.is_some_and(|o| o.is_allocated()) && !claim.is_allocated();
-        self.allocation_claim_changed(&claim, released, false);
+        let released = old.filter(|o| o.is_allocated() && !claim.is_allocated());
+        self.allocation_claim_changed(&claim, released.as_deref(), false);
         self.claim_changed(&claim, false);
     }
 
@@ -137,7 +138,8 @@ impl Handler<ClaimView> for Controller {
         let key = object_key(claim.namespace(), claim.name());
         caches.claims.delete(&key);
         caches.forget_created(&key);
-        self.allocation_claim_changed(&claim, claim.is_allocated(), true);
+        let released = claim.is_allocated().then_some(&claim);
+        self.allocation_claim_changed(&claim, released, true);
         self.claim_changed(&claim, true);
     }
 }
@@ -270,6 +272,9 @@ impl Controller {
     fn pod_deleted(&self, pod: &PodView) {
         let caches = &self.ctx.caches;
         caches.deleted_pods.add(pod.uid().to_string());
+        if let Some(state) = &caches.allocation {
+            state.stop_waiting(&object_key(pod.namespace(), pod.name()));
+        }
         self.enqueue(keys_for_pod_event(pod, true, caches));
     }
 
