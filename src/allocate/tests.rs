@@ -32,6 +32,27 @@ fn slice_on(
     .unwrap()
 }
 
+/// A slice of pool-1 of driver-a with the given generation and slice count.
+fn gen_slice(name: &str, node: &str, generation: i64, count: i64, names: &[&str]) -> ResourceSlice {
+    slice_on(
+        name,
+        node,
+        "pool-1",
+        "driver-a",
+        generation,
+        count,
+        devices(names),
+    )
+}
+
+/// A slice for all nodes (not node-local).
+fn all_nodes_slice(driver: &str) -> ResourceSlice {
+    let mut network = slice("slice-n", "pool-n", driver, devices(&["device-9"]));
+    network.spec.node_name = None;
+    network.spec.all_nodes = Some(true);
+    network
+}
+
 fn slice(name: &str, pool: &str, driver: &str, devices: Value) -> ResourceSlice {
     slice_on(name, NODE, pool, driver, 1, 1, devices)
 }
@@ -275,24 +296,8 @@ fn obsolete_slice() {
     // Generation 2 replaces generation 1, and alone it is incomplete.
     let case = Case::new(
         vec![
-            slice_on(
-                "slice-1",
-                NODE,
-                "pool-1",
-                "driver-a",
-                1,
-                2,
-                devices(&["device-1"]),
-            ),
-            slice_on(
-                "slice-2",
-                NODE,
-                "pool-1",
-                "driver-a",
-                2,
-                2,
-                devices(&["device-2"]),
-            ),
+            gen_slice("slice-1", NODE, 1, 2, &["device-1"]),
+            gen_slice("slice-2", NODE, 2, 2, &["device-2"]),
         ],
         claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
     );
@@ -307,24 +312,8 @@ fn obsolete_slice() {
 fn newest_generation_wins() {
     let case = Case::new(
         vec![
-            slice_on(
-                "slice-1",
-                NODE,
-                "pool-1",
-                "driver-a",
-                1,
-                1,
-                devices(&["device-old"]),
-            ),
-            slice_on(
-                "slice-2",
-                NODE,
-                "pool-1",
-                "driver-a",
-                2,
-                1,
-                devices(&["device-new"]),
-            ),
+            gen_slice("slice-1", NODE, 1, 1, &["device-old"]),
+            gen_slice("slice-2", NODE, 2, 1, &["device-new"]),
         ],
         claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
     );
@@ -335,24 +324,8 @@ fn newest_generation_wins() {
 fn multi_host_resource_pool_with_stale_slice_for_current_node() {
     let case = Case::new(
         vec![
-            slice_on(
-                "slice-1",
-                NODE,
-                "pool-1",
-                "driver-a",
-                1,
-                2,
-                devices(&["device-1"]),
-            ),
-            slice_on(
-                "slice-2",
-                "node-2",
-                "pool-1",
-                "driver-a",
-                2,
-                2,
-                devices(&["device-2"]),
-            ),
+            gen_slice("slice-1", NODE, 1, 2, &["device-1"]),
+            gen_slice("slice-2", "node-2", 2, 2, &["device-2"]),
         ],
         claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
     );
@@ -365,24 +338,8 @@ fn allocation_mode_all_with_multi_host_resource_pool() {
     // node's device is taken.
     let case = Case::new(
         vec![
-            slice_on(
-                "slice-1",
-                NODE,
-                "pool-1",
-                "driver-a",
-                1,
-                2,
-                devices(&["device-1"]),
-            ),
-            slice_on(
-                "slice-2",
-                "node-2",
-                "pool-1",
-                "driver-a",
-                1,
-                2,
-                devices(&["device-2"]),
-            ),
+            gen_slice("slice-1", NODE, 1, 2, &["device-1"]),
+            gen_slice("slice-2", "node-2", 1, 2, &["device-2"]),
         ],
         claim(json!({"requests": [exactly("req-0", "class-a", json!({"allocationMode": "All"}))]})),
     );
@@ -393,24 +350,8 @@ fn allocation_mode_all_with_multi_host_resource_pool() {
 fn duplicate_slice() {
     let case = Case::new(
         vec![
-            slice_on(
-                "slice-1",
-                NODE,
-                "pool-1",
-                "driver-a",
-                1,
-                2,
-                devices(&["device-1"]),
-            ),
-            slice_on(
-                "slice-2",
-                NODE,
-                "pool-1",
-                "driver-a",
-                1,
-                2,
-                devices(&["device-1"]),
-            ),
+            gen_slice("slice-1", NODE, 1, 2, &["device-1"]),
+            gen_slice("slice-2", NODE, 1, 2, &["device-1"]),
         ],
         claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
     );
@@ -425,24 +366,8 @@ fn duplicate_slice() {
 fn invalid_pool_is_ok_if_devices_can_be_allocated_from_other() {
     let case = Case::new(
         vec![
-            slice_on(
-                "slice-1",
-                NODE,
-                "pool-1",
-                "driver-a",
-                1,
-                2,
-                devices(&["device-1"]),
-            ),
-            slice_on(
-                "slice-2",
-                NODE,
-                "pool-1",
-                "driver-a",
-                1,
-                2,
-                devices(&["device-1"]),
-            ),
+            gen_slice("slice-1", NODE, 1, 2, &["device-1"]),
+            gen_slice("slice-2", NODE, 1, 2, &["device-1"]),
             slice("slice-3", "pool-2", "driver-a", devices(&["device-2"])),
         ],
         claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
@@ -453,15 +378,7 @@ fn invalid_pool_is_ok_if_devices_can_be_allocated_from_other() {
 #[test]
 fn no_allocation_from_incomplete_pools() {
     let case = Case::new(
-        vec![slice_on(
-            "slice-1",
-            NODE,
-            "pool-1",
-            "driver-a",
-            1,
-            2,
-            devices(&["device-1", "device-2"]),
-        )],
+        vec![gen_slice("slice-1", NODE, 1, 2, &["device-1", "device-2"])],
         claim(json!({"requests": [exactly("req-0", "class-a", json!({"count": 2}))]})),
     );
     case.unsatisfiable();
@@ -470,15 +387,7 @@ fn no_allocation_from_incomplete_pools() {
 #[test]
 fn all_devices_of_the_incomplete_pool() {
     let case = Case::new(
-        vec![slice_on(
-            "slice-1",
-            NODE,
-            "pool-1",
-            "driver-a",
-            1,
-            2,
-            devices(&["device-1"]),
-        )],
+        vec![gen_slice("slice-1", NODE, 1, 2, &["device-1"])],
         claim(json!({"requests": [exactly("req-0", "class-a", json!({"allocationMode": "All"}))]})),
     );
     assert_eq!(
@@ -1343,24 +1252,8 @@ fn multi_host_resource_pool_complete_update_from_node_1_to_node_2() {
     // kube-scheduler uses them, although another node publishes generation 2.
     let case = Case::new(
         vec![
-            slice_on(
-                "slice-1",
-                NODE,
-                "pool-1",
-                "driver-a",
-                1,
-                1,
-                devices(&["device-1"]),
-            ),
-            slice_on(
-                "slice-2",
-                "node-2",
-                "pool-1",
-                "driver-a",
-                2,
-                1,
-                devices(&["device-2"]),
-            ),
+            gen_slice("slice-1", NODE, 1, 1, &["device-1"]),
+            gen_slice("slice-2", "node-2", 2, 1, &["device-2"]),
         ],
         claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
     );
@@ -1369,38 +1262,24 @@ fn multi_host_resource_pool_complete_update_from_node_1_to_node_2() {
 
 #[test]
 fn all_devices_refused_when_a_network_attached_device_matches() {
-    let mut network = slice("slice-n", "pool-n", "driver-a", devices(&["device-9"]));
-    network.spec.node_name = None;
-    network.spec.all_nodes = Some(true);
-    let case = Case::new(
-        vec![
-            slice("slice-1", "pool-1", "driver-a", devices(&["device-1"])),
-            network,
-        ],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({"allocationMode": "All"}))]})),
-    );
-    let why = case.refused();
+    let all_on = |driver: &str| {
+        Case::new(
+            vec![
+                slice("slice-1", "pool-1", "driver-a", devices(&["device-1"])),
+                all_nodes_slice(driver),
+            ],
+            claim(
+                json!({"requests": [exactly("req-0", "class-a", json!({"allocationMode": "All"}))]}),
+            ),
+        )
+    };
+    let why = all_on("driver-a").refused();
     assert!(
         why.contains("device driver-a/pool-n/device-9 of a pool that is not node-local"),
         "{why}"
     );
     // A class that matches only node-local devices is not affected.
-    let mut other = network_free_case();
-    other.classes = vec![class("class-a", "driver-a")];
-    assert_eq!(other.devices().len(), 1);
-}
-
-fn network_free_case() -> Case {
-    let mut network = slice("slice-n", "pool-n", "driver-b", devices(&["device-9"]));
-    network.spec.node_name = None;
-    network.spec.all_nodes = Some(true);
-    Case::new(
-        vec![
-            slice("slice-1", "pool-1", "driver-a", devices(&["device-1"])),
-            network,
-        ],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({"allocationMode": "All"}))]})),
-    )
+    assert_eq!(all_on("driver-b").devices().len(), 1);
 }
 
 #[test]
