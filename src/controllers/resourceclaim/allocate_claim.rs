@@ -229,9 +229,15 @@ async fn write(
     api: &Api<ResourceClaim>,
     claim: &ResourceClaim,
     consumer: &ResourceClaimConsumerReference,
-    result: AllocationResult,
+    mut result: AllocationResult,
     node: &str,
 ) -> Result<(), SyncError> {
+    // kube-scheduler 1.36 stamps the allocation (DRADeviceBindingConditions
+    // and DRAResourceClaimDeviceStatus, both on by default); an API server
+    // without those gates drops the field.
+    result.allocation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     let ns = claim.metadata.namespace.as_deref().unwrap_or_default();
     let uid = claim.metadata.uid.as_deref().unwrap_or_default();
