@@ -2,7 +2,8 @@
 //! `device` (`driver`, `attributes[domain][name]`, `capacity[domain][name]`
 //! as quantities, `allowMultipleAllocations`), the standard library, the
 //! string extensions, `quantity()` and `semver()` with their methods,
-//! `isSorted()` and `cel.bind()`.
+//! the list functions `isSorted()`, `sum()`, `min()`, `max()`, and
+//! `cel.bind()`.
 //!
 //! An expression that names a function outside that set is refused when it
 //! is compiled, never evaluated: a selector we cannot evaluate as the API
@@ -123,6 +124,9 @@ const SUPPORTED: &[&str] = &[
     "minor",
     "patch",
     "isSorted",
+    "sum",
+    "min",
+    "max",
 ];
 
 static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
@@ -511,19 +515,70 @@ fn base_context() -> Context<'static, 'static> {
         };
         let mut sorted = true;
         for pair in items.windows(2) {
-            let order = match (&pair[0], &pair[1]) {
-                (Value::Int(a), Value::Int(b)) => a.cmp(b),
-                (Value::UInt(a), Value::UInt(b)) => a.cmp(b),
-                (Value::String(a), Value::String(b)) => a.cmp(b),
-                (Value::Float(a), Value::Float(b)) => a.partial_cmp(b).unwrap_or(Ordering::Equal),
-                (a, b) => ordering("isSorted", a, b)?,
-            };
-            sorted &= order != Ordering::Greater;
+            sorted &= compare_values("isSorted", &pair[0], &pair[1])? != Ordering::Greater;
         }
         Ok(Value::Bool(sorted))
     });
     add(&mut ctx, r);
+    let r = ctx.add_function("sum", |This(list): This<Value>| -> Outcome {
+        let Value::List(items) = list else {
+            return Err(type_error("sum", "a list"));
+        };
+        match items.first() {
+            None => Ok(Value::Int(0)),
+            Some(Value::Float(_)) => items
+                .iter()
+                .map(|v| match v {
+                    Value::Float(f) => Ok(*f),
+                    _ => Err(type_error("sum", "a list of one numeric type")),
+                })
+                .sum::<Result<f64, _>>()
+                .map(Value::Float),
+            Some(_) => items
+                .iter()
+                .try_fold(0i64, |acc, v| match v {
+                    Value::Int(i) => acc
+                        .checked_add(*i)
+                        .ok_or_else(|| ExecutionError::function_error("sum", "overflow")),
+                    _ => Err(type_error("sum", "a list of one numeric type")),
+                })
+                .map(Value::Int),
+        }
+    });
+    add(&mut ctx, r);
+    for (name, want) in [("min", Ordering::Less), ("max", Ordering::Greater)] {
+        let r = ctx.add_function(name, move |This(list): This<Value>| -> Outcome {
+            let Value::List(items) = list else {
+                return Err(type_error(name, "a list"));
+            };
+            let mut best: Option<&Value> = None;
+            for item in items.iter() {
+                let better = match best {
+                    None => true,
+                    Some(b) => compare_values(name, item, b)? == want,
+                };
+                if better {
+                    best = Some(item);
+                }
+            }
+            best.cloned()
+                .ok_or_else(|| ExecutionError::function_error(name, "list is empty"))
+        });
+        add(&mut ctx, r);
+    }
     ctx
+}
+
+/// Orders two values of one comparable type (numbers, strings, quantities,
+/// versions).
+fn compare_values(function: &str, a: &Value, b: &Value) -> Result<Ordering, ExecutionError> {
+    Ok(match (a, b) {
+        (Value::Int(a), Value::Int(b)) => a.cmp(b),
+        (Value::UInt(a), Value::UInt(b)) => a.cmp(b),
+        (Value::String(a), Value::String(b)) => a.cmp(b),
+        (Value::Float(a), Value::Float(b)) => a.partial_cmp(b).unwrap_or(Ordering::Equal),
+        (a, b) => ordering(function, a, b)?,
+    })
 }
 
 fn quantity_arith(

@@ -1172,6 +1172,8 @@ fn selectors_see_the_dra_environment() {
         "!('x' in device.attributes['unknown.example.com'])",
         "cel.bind(a, device.attributes['driver-a'], a.numa == 1 && a.model.startsWith('A'))",
         "[1, 2, 3].isSorted() && 'a,b'.split(',').size() == 2",
+        "[1, 2, 3].sum() == 6 && [3, 1, 2].min() == 1 && ['a', 'c'].max() == 'c'",
+        "[quantity('1Gi'), device.capacity['driver-a'].memory].max().isGreaterThan(quantity('39Gi'))",
         "device.attributes['driver-a'].exists(k, k == 'numa')",
     ];
     for expression in accepted {
