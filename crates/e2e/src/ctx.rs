@@ -214,8 +214,12 @@ impl TestCtx {
     }
 
     /// Marks the test as run against a real server (CI counts these lines).
+    ///
+    /// Also checks the safety net of the allocator: no live controller may
+    /// report a device allocated to two claims, in any test.
     pub fn finish(mut self) {
         self.finished = true;
+        self.assert_no_double_allocation();
         let restarts = self.restarts() - self.restarts_at_start;
         let note = if restarts > 0 {
             format!(" (controller restarted {restarts} time(s) by its supervisor meanwhile)")
@@ -228,6 +232,33 @@ impl TestCtx {
             self.started.elapsed().as_secs_f64()
         );
         println!("E2E RAN: {}", self.name);
+    }
+
+    fn assert_no_double_allocation(&self) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for replica in self.live_replicas() {
+            let controller = replica.current();
+            // A controller that does not answer (stopped by the test a moment
+            // ago) has nothing to say here.
+            let Ok(text) =
+                tokio::task::block_in_place(|| handle.block_on(controller.metrics_text()))
+            else {
+                continue;
+            };
+            let doubles = crate::rawhttp::metric_value(
+                &text,
+                "dra_claim_controller_device_double_allocations",
+                &[],
+            );
+            assert!(
+                doubles.is_none_or(|n| n == 0.0),
+                "{}: dra_claim_controller_device_double_allocations = {doubles:?}: a device is \
+                 allocated to more than one claim",
+                self.name
+            );
+        }
     }
 
     fn replicas(&self) -> Vec<&Arc<Replica>> {
