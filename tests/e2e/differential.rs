@@ -434,7 +434,7 @@ impl Side {
                 claim,
                 &pp,
                 &Patch::Merge(
-                    json!({"status": {"allocation": allocation(), "reservedFor": reserved_for}}),
+                    json!({"status": {"allocation": allocation(&self.ns, claim), "reservedFor": reserved_for}}),
                 ),
             )
             .await

@@ -76,13 +76,19 @@ pub fn exactly_spec() -> Value {
     }]}})
 }
 
-/// The allocation a scheduler would write for [`exactly_spec`].
-pub fn allocation() -> Value {
+/// The allocation a scheduler would write for [`exactly_spec`] of the
+/// claim `namespace/name`: a device of its own, as a scheduler would never
+/// hand one device to two claims (every test ends checking that the
+/// controller reports no double allocation).
+pub fn allocation(namespace: &str, name: &str) -> Value {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (namespace, name).hash(&mut hasher);
     json!({"devices": {"results": [{
         "request": "req-0",
         "driver": "test.example.com",
         "pool": "pool",
-        "device": "dev-0",
+        "device": format!("dev-{:016x}", hasher.finish()),
     }]}})
 }
 
@@ -534,7 +540,7 @@ impl TestCtx {
         claim: &str,
         reserved_for: Value,
     ) -> anyhow::Result<ResourceClaim> {
-        self.try_allocate_devices(claim, allocation(), reserved_for)
+        self.try_allocate_devices(claim, allocation(&self.ns, claim), reserved_for)
             .await
     }
 
