@@ -57,6 +57,26 @@ fn slice(name: &str, pool: &str, driver: &str, devices: Value) -> ResourceSlice 
     slice_on(name, NODE, pool, driver, 1, 1, devices)
 }
 
+/// The node's one slice: `devices` of driver-a in pool-1.
+fn on_node(devices: Value) -> Vec<ResourceSlice> {
+    vec![slice("slice-1", "pool-1", "driver-a", devices)]
+}
+
+/// The simplest node: one device of driver-a in pool-1.
+fn one_device() -> Vec<ResourceSlice> {
+    on_node(devices(&["device-1"]))
+}
+
+/// A claim with one request `req-0` of class-a (count 1, plus `extra`).
+fn one_request(extra: Value) -> ResourceClaim {
+    claim(json!({"requests": [exactly("req-0", "class-a", extra)]}))
+}
+
+/// A `firstAvailable` subrequest of `count` devices of `class`.
+fn sub(name: &str, class: &str, count: u32) -> Value {
+    json!({"name": name, "deviceClassName": class, "allocationMode": "ExactCount", "count": count})
+}
+
 fn devices(names: &[&str]) -> Value {
     json!(names.iter().map(|n| json!({"name": n})).collect::<Vec<_>>())
 }
@@ -187,15 +207,7 @@ fn mem_selector(min: &str) -> Value {
 
 #[test]
 fn simple() {
-    let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
-    );
+    let case = Case::new(one_device(), one_request(json!({})));
     assert_eq!(case.devices(), picked(&[("req-0", "pool-1", "device-1")]));
     let result = case.allocation();
     assert_eq!(
@@ -219,7 +231,7 @@ fn other_node() {
             1,
             devices(&["device-1"]),
         )],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
+        one_request(json!({})),
     );
     let why = case.unsatisfiable();
     assert!(why.contains("0 devices on node node-1"), "{why}");
@@ -241,10 +253,7 @@ fn network_attached_device_is_never_used() {
     let mut all_nodes = slice("slice-all", "pool-all", "driver-a", devices(&["device-2"]));
     all_nodes.spec.node_name = None;
     all_nodes.spec.all_nodes = Some(true);
-    let case = Case::new(
-        vec![network, all_nodes],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
-    );
+    let case = Case::new(vec![network, all_nodes], one_request(json!({})));
     case.unsatisfiable();
 }
 
@@ -253,12 +262,7 @@ fn small_and_large_backtrack_requests() {
     // The first request's first fit is the large device; backtracking gives
     // it the small one so that the second request gets the large one.
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            mem_devices(&[("device-2", "2Gi"), ("device-1", "1Gi")]),
-        )],
+        on_node(mem_devices(&[("device-2", "2Gi"), ("device-1", "1Gi")])),
         claim(json!({"requests": [
             exactly("req-0", "class-a", mem_selector("1Gi")),
             exactly("req-1", "class-a", mem_selector("2Gi")),
@@ -280,7 +284,7 @@ fn devices_split_across_different_slices() {
             slice("slice-1", "pool-1", "driver-a", devices(&["device-1"])),
             slice("slice-2", "pool-2", "driver-a", devices(&["device-1"])),
         ],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({"count": 2}))]})),
+        one_request(json!({"count": 2})),
     );
     assert_eq!(
         case.devices(),
@@ -299,7 +303,7 @@ fn obsolete_slice() {
             gen_slice("slice-1", NODE, 1, 2, &["device-1"]),
             gen_slice("slice-2", NODE, 2, 2, &["device-2"]),
         ],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
+        one_request(json!({})),
     );
     let why = case.unsatisfiable();
     assert!(
@@ -315,7 +319,7 @@ fn newest_generation_wins() {
             gen_slice("slice-1", NODE, 1, 1, &["device-old"]),
             gen_slice("slice-2", NODE, 2, 1, &["device-new"]),
         ],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
+        one_request(json!({})),
     );
     assert_eq!(case.devices(), picked(&[("req-0", "pool-1", "device-new")]));
 }
@@ -327,7 +331,7 @@ fn multi_host_resource_pool_with_stale_slice_for_current_node() {
             gen_slice("slice-1", NODE, 1, 2, &["device-1"]),
             gen_slice("slice-2", "node-2", 2, 2, &["device-2"]),
         ],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
+        one_request(json!({})),
     );
     case.unsatisfiable();
 }
@@ -341,7 +345,7 @@ fn allocation_mode_all_with_multi_host_resource_pool() {
             gen_slice("slice-1", NODE, 1, 2, &["device-1"]),
             gen_slice("slice-2", "node-2", 1, 2, &["device-2"]),
         ],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({"allocationMode": "All"}))]})),
+        one_request(json!({"allocationMode": "All"})),
     );
     assert_eq!(case.devices(), picked(&[("req-0", "pool-1", "device-1")]));
 }
@@ -353,7 +357,7 @@ fn duplicate_slice() {
             gen_slice("slice-1", NODE, 1, 2, &["device-1"]),
             gen_slice("slice-2", NODE, 1, 2, &["device-1"]),
         ],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
+        one_request(json!({})),
     );
     let why = case.unsatisfiable();
     assert!(
@@ -370,7 +374,7 @@ fn invalid_pool_is_ok_if_devices_can_be_allocated_from_other() {
             gen_slice("slice-2", NODE, 1, 2, &["device-1"]),
             slice("slice-3", "pool-2", "driver-a", devices(&["device-2"])),
         ],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
+        one_request(json!({})),
     );
     assert_eq!(case.devices(), picked(&[("req-0", "pool-2", "device-2")]));
 }
@@ -379,7 +383,7 @@ fn invalid_pool_is_ok_if_devices_can_be_allocated_from_other() {
 fn no_allocation_from_incomplete_pools() {
     let case = Case::new(
         vec![gen_slice("slice-1", NODE, 1, 2, &["device-1", "device-2"])],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({"count": 2}))]})),
+        one_request(json!({"count": 2})),
     );
     case.unsatisfiable();
 }
@@ -388,7 +392,7 @@ fn no_allocation_from_incomplete_pools() {
 fn all_devices_of_the_incomplete_pool() {
     let case = Case::new(
         vec![gen_slice("slice-1", NODE, 1, 2, &["device-1"])],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({"allocationMode": "All"}))]})),
+        one_request(json!({"allocationMode": "All"})),
     );
     assert_eq!(
         case.refused(),
@@ -404,7 +408,7 @@ fn all_devices_many() {
             slice("slice-1", "pool-1", "driver-a", devices(&["device-1"])),
             slice("slice-2", "pool-2", "driver-a", devices(&["device-1"])),
         ],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({"allocationMode": "All"}))]})),
+        one_request(json!({"allocationMode": "All"})),
     );
     assert_eq!(case.devices().len(), 2);
 }
@@ -412,13 +416,8 @@ fn all_devices_many() {
 #[test]
 fn all_devices_some_allocated() {
     let mut case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1", "device-2"]),
-        )],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({"allocationMode": "All"}))]})),
+        on_node(devices(&["device-1", "device-2"])),
+        one_request(json!({"allocationMode": "All"})),
     );
     case.in_use = vec![("driver-a", "pool-1", "device-1")];
     let why = case.unsatisfiable();
@@ -427,10 +426,7 @@ fn all_devices_some_allocated() {
 
 #[test]
 fn all_devices_no_slices() {
-    let case = Case::new(
-        Vec::new(),
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({"allocationMode": "All"}))]})),
-    );
+    let case = Case::new(Vec::new(), one_request(json!({"allocationMode": "All"})));
     case.unsatisfiable();
 }
 
@@ -438,12 +434,7 @@ fn all_devices_no_slices() {
 fn all_devices_no_solution() {
     // One device; a count-1 request takes it, so All has nothing usable.
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
+        one_device(),
         claim(json!({"requests": [
             exactly("req-0", "class-a", json!({})),
             exactly("req-1", "class-a", json!({"allocationMode": "All"})),
@@ -466,7 +457,7 @@ fn all_devices_some_allocated_prioritized_list() {
         ],
         claim(json!({"requests": [{"name": "req-0", "firstAvailable": [
             {"name": "subReq-0", "deviceClassName": "class-a", "allocationMode": "All"},
-            {"name": "subReq-1", "deviceClassName": "class-b", "allocationMode": "ExactCount", "count": 1},
+            sub("subReq-1", "class-b", 1),
         ]}]})),
     );
     case.in_use = vec![("driver-a", "pool-1", "device-1")];
@@ -478,15 +469,7 @@ fn all_devices_some_allocated_prioritized_list() {
 
 #[test]
 fn already_allocated_devices() {
-    let mut case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
-    );
+    let mut case = Case::new(one_device(), one_request(json!({})));
     case.in_use = vec![("driver-a", "pool-1", "device-1")];
     let why = case.unsatisfiable();
     assert_eq!(
@@ -507,7 +490,7 @@ fn not_enough_suitable_devices_message_counts_every_reason() {
             ),
             slice("slice-2", "pool-2", "driver-b", devices(&["device-1"])),
         ],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({"count": 3}))]})),
+        one_request(json!({"count": 3})),
     );
     case.in_use = vec![("driver-a", "pool-1", "device-2")];
     assert_eq!(
@@ -519,15 +502,7 @@ fn not_enough_suitable_devices_message_counts_every_reason() {
 
 #[test]
 fn admin_access_enabled() {
-    let mut case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({"adminAccess": true}))]})),
-    );
+    let mut case = Case::new(one_device(), one_request(json!({"adminAccess": true})));
     case.in_use = vec![("driver-a", "pool-1", "device-1")];
     let result = case.allocation();
     assert_eq!(result["devices"]["results"][0]["device"], "device-1");
@@ -538,12 +513,7 @@ fn admin_access_enabled() {
 fn all_devices_some_allocating_admin_access() {
     // An admin request cannot take a device its own claim already took.
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
+        one_device(),
         claim(json!({"requests": [
             exactly("req-0", "class-a", json!({"adminAccess": true})),
             exactly("req-1", "class-a", json!({"adminAccess": true, "allocationMode": "All"})),
@@ -554,15 +524,7 @@ fn all_devices_some_allocating_admin_access() {
 
 #[test]
 fn admin_access_disabled() {
-    let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({"adminAccess": true}))]})),
-    );
+    let case = Case::new(one_device(), one_request(json!({"adminAccess": true})));
     let classes: BTreeMap<String, DeviceClass> =
         [("class-a".to_string(), class("class-a", "driver-a"))].into();
     let inventory = node_inventory(NODE, &case.slices);
@@ -592,21 +554,16 @@ fn attr_devices(list: &[(&str, Value)]) -> Value {
 #[test]
 fn with_constraint() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            attr_devices(&[
-                (
-                    "device-1",
-                    json!({"numa": {"int": 1}, "model": {"string": "a"}, "driverVersion": {"version": "1.0.0"}, "fast": {"bool": true}}),
-                ),
-                (
-                    "device-2",
-                    json!({"numa": {"int": 1}, "model": {"string": "a"}, "driverVersion": {"version": "1.0.0"}, "fast": {"bool": true}}),
-                ),
-            ]),
-        )],
+        on_node(attr_devices(&[
+            (
+                "device-1",
+                json!({"numa": {"int": 1}, "model": {"string": "a"}, "driverVersion": {"version": "1.0.0"}, "fast": {"bool": true}}),
+            ),
+            (
+                "device-2",
+                json!({"numa": {"int": 1}, "model": {"string": "a"}, "driverVersion": {"version": "1.0.0"}, "fast": {"bool": true}}),
+            ),
+        ])),
         claim(json!({
             "requests": [exactly("req-0", "class-a", json!({})), exactly("req-1", "class-a", json!({}))],
             "constraints": [
@@ -627,15 +584,10 @@ fn with_constraint() {
 #[test]
 fn with_constraint_not_matching_int_attribute() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            attr_devices(&[
-                ("device-1", json!({"numa": {"int": 1}})),
-                ("device-2", json!({"numa": {"int": 2}})),
-            ]),
-        )],
+        on_node(attr_devices(&[
+            ("device-1", json!({"numa": {"int": 1}})),
+            ("device-2", json!({"numa": {"int": 2}})),
+        ])),
         claim(json!({
             "requests": [exactly("req-0", "class-a", json!({"count": 2}))],
             "constraints": [{"matchAttribute": "driver-a/numa"}],
@@ -651,12 +603,7 @@ fn with_constraint_not_matching_int_attribute() {
 #[test]
 fn with_constraint_non_existent_attribute() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
+        one_device(),
         claim(json!({
             "requests": [exactly("req-0", "class-a", json!({}))],
             "constraints": [{"matchAttribute": "driver-a/numa"}],
@@ -670,25 +617,20 @@ fn with_constraint_for_request_retry() {
     // The string constraint covers both requests: device-1 ("a") cannot pair
     // with the others ("b"), so the search moves req-0 to device-2.
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            attr_devices(&[
-                (
-                    "device-1",
-                    json!({"stringAttribute": {"string": "a"}, "driverVersion": {"version": "1.0.0"}}),
-                ),
-                (
-                    "device-2",
-                    json!({"stringAttribute": {"string": "b"}, "driverVersion": {"version": "1.0.0"}}),
-                ),
-                (
-                    "device-3",
-                    json!({"stringAttribute": {"string": "b"}, "driverVersion": {"version": "2.0.0"}}),
-                ),
-            ]),
-        )],
+        on_node(attr_devices(&[
+            (
+                "device-1",
+                json!({"stringAttribute": {"string": "a"}, "driverVersion": {"version": "1.0.0"}}),
+            ),
+            (
+                "device-2",
+                json!({"stringAttribute": {"string": "b"}, "driverVersion": {"version": "1.0.0"}}),
+            ),
+            (
+                "device-3",
+                json!({"stringAttribute": {"string": "b"}, "driverVersion": {"version": "2.0.0"}}),
+            ),
+        ])),
         claim(json!({
             "requests": [exactly("req-0", "class-a", json!({})), exactly("req-1", "class-a", json!({}))],
             "constraints": [
@@ -709,15 +651,10 @@ fn with_constraint_for_request_retry() {
 #[test]
 fn with_constraint_not_matching_int_attribute_all_devices() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            attr_devices(&[
-                ("device-1", json!({"numa": {"int": 1}})),
-                ("device-2", json!({"numa": {"int": 2}})),
-            ]),
-        )],
+        on_node(attr_devices(&[
+            ("device-1", json!({"numa": {"int": 1}})),
+            ("device-2", json!({"numa": {"int": 2}})),
+        ])),
         claim(json!({
             "requests": [exactly("req-0", "class-a", json!({"allocationMode": "All"}))],
             "constraints": [{"matchAttribute": "driver-a/numa"}],
@@ -733,12 +670,7 @@ fn with_constraint_not_matching_int_attribute_all_devices() {
 #[test]
 fn distinct_attribute_is_refused() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
+        one_device(),
         claim(json!({
             "requests": [exactly("req-0", "class-a", json!({}))],
             "constraints": [{"distinctAttribute": "driver-a/numa"}],
@@ -800,15 +732,10 @@ fn with_class_device_config_with_multiple_request_and_configs() {
 #[test]
 fn prioritized_list_first_unavailable() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
+        one_device(),
         claim(json!({"requests": [{"name": "req-0", "firstAvailable": [
-            {"name": "subReq-0", "deviceClassName": "class-b", "allocationMode": "ExactCount", "count": 1},
-            {"name": "subReq-1", "deviceClassName": "class-a", "allocationMode": "ExactCount", "count": 1},
+            sub("subReq-0", "class-b", 1),
+            sub("subReq-1", "class-a", 1),
         ]}]})),
     );
     assert_eq!(
@@ -820,16 +747,11 @@ fn prioritized_list_first_unavailable() {
 #[test]
 fn prioritized_list_device_config() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
+        one_device(),
         claim(json!({
             "requests": [{"name": "req-0", "firstAvailable": [
-                {"name": "subReq-0", "deviceClassName": "class-b", "allocationMode": "ExactCount", "count": 1},
-                {"name": "subReq-1", "deviceClassName": "class-a", "allocationMode": "ExactCount", "count": 1},
+                sub("subReq-0", "class-b", 1),
+                sub("subReq-1", "class-a", 1),
             ]}],
             "config": [
                 {"requests": ["req-0/subReq-0"], "opaque": {"driver": "driver-b", "parameters": {"n": 0}}},
@@ -848,12 +770,7 @@ fn prioritized_list_with_backtracking() {
     // req-0's first choice takes the 8Gi device req-1 needs: back to its
     // second subrequest.
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            mem_devices(&[("device-1", "8Gi"), ("device-2", "4Gi")]),
-        )],
+        on_node(mem_devices(&[("device-1", "8Gi"), ("device-2", "4Gi")])),
         claim(json!({"requests": [
             {"name": "req-0", "firstAvailable": [
                 {"name": "subReq-0", "deviceClassName": "class-a", "allocationMode": "ExactCount", "count": 1,
@@ -876,15 +793,10 @@ fn prioritized_list_with_backtracking() {
 #[test]
 fn prioritized_list_too_many_in_first_subrequest() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
+        one_device(),
         claim(json!({"requests": [{"name": "req-0", "firstAvailable": [
-            {"name": "subReq-0", "deviceClassName": "class-a", "allocationMode": "ExactCount", "count": 500},
-            {"name": "subReq-1", "deviceClassName": "class-a", "allocationMode": "ExactCount", "count": 1},
+            sub("subReq-0", "class-a", 500),
+            sub("subReq-1", "class-a", 1),
         ]}]})),
     );
     assert_eq!(
@@ -895,15 +807,7 @@ fn prioritized_list_too_many_in_first_subrequest() {
 
 #[test]
 fn too_many_devices_single_request() {
-    let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({"count": 500}))]})),
-    );
+    let case = Case::new(one_device(), one_request(json!({"count": 500})));
     assert!(case.refused().contains("exceeds the claim limit of 32"));
 }
 
@@ -917,16 +821,11 @@ fn tainted(list: &[(&str, &str, &str)]) -> Value {
 #[test]
 fn tainted_two_devices() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            tainted(&[
-                ("device-1", "taint-value", "NoSchedule"),
-                ("device-2", "taint-value-2", "NoExecute"),
-            ]),
-        )],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
+        on_node(tainted(&[
+            ("device-1", "taint-value", "NoSchedule"),
+            ("device-2", "taint-value-2", "NoExecute"),
+        ])),
+        one_request(json!({})),
     );
     assert!(case.unsatisfiable().contains("2 tainted and not tolerated"));
 }
@@ -935,15 +834,10 @@ fn tainted_two_devices() {
 fn tainted_two_devices_tolerated() {
     let toleration = json!({"key": "taint-key", "operator": "Equal", "value": "taint-value-2", "effect": "NoExecute"});
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            tainted(&[
-                ("device-1", "taint-value", "NoSchedule"),
-                ("device-2", "taint-value-2", "NoExecute"),
-            ]),
-        )],
+        on_node(tainted(&[
+            ("device-1", "taint-value", "NoSchedule"),
+            ("device-2", "taint-value-2", "NoExecute"),
+        ])),
         claim(
             json!({"requests": [exactly("req-0", "class-a", json!({"tolerations": [toleration]}))]}),
         ),
@@ -959,13 +853,8 @@ fn tainted_two_devices_tolerated() {
 #[test]
 fn tainted_no_effect() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            tainted(&[("device-1", "v", "None")]),
-        )],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
+        on_node(tainted(&[("device-1", "v", "None")])),
+        one_request(json!({})),
     );
     assert_eq!(case.devices(), picked(&[("req-0", "pool-1", "device-1")]));
 }
@@ -974,13 +863,8 @@ fn tainted_no_effect() {
 fn tainted_admin_access() {
     // Admin access does not bypass taints.
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            tainted(&[("device-1", "v", "NoSchedule")]),
-        )],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({"adminAccess": true}))]})),
+        on_node(tainted(&[("device-1", "v", "NoSchedule")])),
+        one_request(json!({"adminAccess": true})),
     );
     case.unsatisfiable();
 }
@@ -988,15 +872,10 @@ fn tainted_admin_access() {
 #[test]
 fn tainted_one_device_two_taints_both_tolerated() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            json!([{"name": "device-1", "taints": [
-                {"key": "taint-key", "value": "taint-value", "effect": "NoSchedule"},
-                {"key": "taint-key", "value": "taint-value-2", "effect": "NoExecute"},
-            ]}]),
-        )],
+        on_node(json!([{"name": "device-1", "taints": [
+            {"key": "taint-key", "value": "taint-value", "effect": "NoSchedule"},
+            {"key": "taint-key", "value": "taint-value-2", "effect": "NoExecute"},
+        ]}])),
         claim(
             json!({"requests": [exactly("req-0", "class-a", json!({"tolerations": [
                 {"key": "taint-key", "operator": "Exists", "effect": "NoSchedule"},
@@ -1010,12 +889,7 @@ fn tainted_one_device_two_taints_both_tolerated() {
 #[test]
 fn invalid_cel_one_device() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
+        one_device(),
         claim(
             json!({"requests": [exactly("req-0", "class-a", json!({"selectors": [{"cel": {"expression": "noSuchVar"}}]}))]}),
         ),
@@ -1030,15 +904,7 @@ fn invalid_cel_one_device() {
 
 #[test]
 fn invalid_cel_one_device_class() {
-    let mut case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
-    );
+    let mut case = Case::new(one_device(), one_request(json!({})));
     case.classes = vec![
         serde_json::from_value(json!({
             "metadata": {"name": "class-a"},
@@ -1056,12 +922,7 @@ fn invalid_cel_one_device_class() {
 #[test]
 fn unsupported_cel_function_is_named() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
+        one_device(),
         claim(
             json!({"requests": [exactly("req-0", "class-a", json!({"selectors": [{"cel": {"expression":
             "sets.contains([1], [1]) && ip('10.0.0.1').family() == 4"}}]}))]}),
@@ -1077,12 +938,7 @@ fn unsupported_cel_function_is_named() {
 #[test]
 fn unknown_class() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
+        one_device(),
         claim(json!({"requests": [exactly("req-0", "unknown-class", json!({}))]})),
     );
     assert!(
@@ -1094,12 +950,7 @@ fn unknown_class() {
 #[test]
 fn unknown_allocation_mode() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
+        one_device(),
         claim(
             json!({"requests": [exactly("req-0", "class-a", json!({"allocationMode": "future-mode"}))]}),
         ),
@@ -1113,18 +964,13 @@ fn unknown_allocation_mode() {
 #[test]
 fn partitionable_devices_are_refused_per_device() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            json!([
-                {"name": "device-1", "consumesCounters": [{"counterSet": "gpu-0", "counters": {"memory": {"value": "1Gi"}}}]},
-                {"name": "device-2", "bindingConditions": ["attached"], "bindingFailureConditions": ["failed"]},
-                {"name": "device-3", "allowMultipleAllocations": true},
-                {"name": "device-4", "attributes": {"sizes": {"ints": [1, 2]}}},
-            ]),
-        )],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
+        on_node(json!([
+            {"name": "device-1", "consumesCounters": [{"counterSet": "gpu-0", "counters": {"memory": {"value": "1Gi"}}}]},
+            {"name": "device-2", "bindingConditions": ["attached"], "bindingFailureConditions": ["failed"]},
+            {"name": "device-3", "allowMultipleAllocations": true},
+            {"name": "device-4", "attributes": {"sizes": {"ints": [1, 2]}}},
+        ])),
+        one_request(json!({})),
     );
     let why = case.unsatisfiable();
     assert!(
@@ -1140,12 +986,7 @@ fn partitionable_devices_are_refused_per_device() {
 #[test]
 fn consumable_capacity_request_is_refused() {
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            devices(&["device-1"]),
-        )],
+        one_device(),
         claim(
             json!({"requests": [exactly("req-0", "class-a", json!({"capacity": {"requests": {"memory": "1Gi"}}}))]}),
         ),
@@ -1178,7 +1019,7 @@ fn selectors_see_the_dra_environment() {
     ];
     for expression in accepted {
         let case = Case::new(
-            vec![slice("slice-1", "pool-1", "driver-a", dev.clone())],
+            on_node(dev.clone()),
             claim(
                 json!({"requests": [exactly("req-0", "class-a", json!({"selectors": [{"cel": {"expression": expression}}]}))]}),
             ),
@@ -1191,7 +1032,7 @@ fn selectors_see_the_dra_environment() {
     ];
     for expression in rejected {
         let case = Case::new(
-            vec![slice("slice-1", "pool-1", "driver-a", dev.clone())],
+            on_node(dev.clone()),
             claim(
                 json!({"requests": [exactly("req-0", "class-a", json!({"selectors": [{"cel": {"expression": expression}}]}))]}),
             ),
@@ -1211,12 +1052,12 @@ fn too_many_devices_total_across_subrequests() {
     let names: Vec<String> = (0..40).map(|i| format!("device-{i}")).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let case = Case::new(
-        vec![slice("slice-1", "pool-1", "driver-a", devices(&names))],
+        on_node(devices(&names)),
         claim(json!({"requests": [
             exactly("req-0", "class-a", json!({"count": 16})),
             {"name": "req-1", "firstAvailable": [
-                {"name": "many", "deviceClassName": "class-a", "allocationMode": "ExactCount", "count": 17},
-                {"name": "one", "deviceClassName": "class-a", "allocationMode": "ExactCount", "count": 1},
+                sub("many", "class-a", 17),
+                sub("one", "class-a", 1),
             ]},
         ]})),
     );
@@ -1230,15 +1071,10 @@ fn selector_errors_on_devices_in_use_do_not_fail_the_claim() {
     // device-1 (in use) lacks the attribute the selector reads: kube-scheduler
     // never evaluates it, so neither may we.
     let mut case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            attr_devices(&[
-                ("device-1", json!({})),
-                ("device-2", json!({"model": {"string": "a"}})),
-            ]),
-        )],
+        on_node(attr_devices(&[
+            ("device-1", json!({})),
+            ("device-2", json!({"model": {"string": "a"}})),
+        ])),
         claim(
             json!({"requests": [exactly("req-0", "class-a", json!({"selectors": [
             {"cel": {"expression": "device.attributes['driver-a'].model == 'a'"}}]}))]}),
@@ -1257,7 +1093,7 @@ fn multi_host_resource_pool_complete_update_from_node_1_to_node_2() {
             gen_slice("slice-1", NODE, 1, 1, &["device-1"]),
             gen_slice("slice-2", "node-2", 2, 1, &["device-2"]),
         ],
-        claim(json!({"requests": [exactly("req-0", "class-a", json!({}))]})),
+        one_request(json!({})),
     );
     assert_eq!(case.devices(), picked(&[("req-0", "pool-1", "device-1")]));
 }
@@ -1288,15 +1124,10 @@ fn all_devices_refused_when_a_network_attached_device_matches() {
 fn with_constraint_not_matching_version_build_metadata() {
     // Versions are compared as written: build metadata makes them differ.
     let case = Case::new(
-        vec![slice(
-            "slice-1",
-            "pool-1",
-            "driver-a",
-            attr_devices(&[
-                ("device-1", json!({"driverVersion": {"version": "1.0.0+a"}})),
-                ("device-2", json!({"driverVersion": {"version": "1.0.0+b"}})),
-            ]),
-        )],
+        on_node(attr_devices(&[
+            ("device-1", json!({"driverVersion": {"version": "1.0.0+a"}})),
+            ("device-2", json!({"driverVersion": {"version": "1.0.0+b"}})),
+        ])),
         claim(json!({
             "requests": [exactly("req-0", "class-a", json!({"count": 2}))],
             "constraints": [{"matchAttribute": "driver-a/driverVersion"}],
