@@ -8,6 +8,7 @@
 //! not permutations); the first complete solution wins.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::{
@@ -26,7 +27,7 @@ pub const MAX_SEARCH_STEPS: usize = 200_000;
 /// Everything the allocator looks at.
 pub struct AllocationInput<'a> {
     pub claim: &'a ResourceClaim,
-    pub classes: &'a BTreeMap<String, DeviceClass>,
+    pub classes: &'a BTreeMap<String, Arc<DeviceClass>>,
     pub node: &'a str,
     pub inventory: &'a Inventory,
     /// Devices allocated to other claims (admin-access allocations excluded:

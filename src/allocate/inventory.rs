@@ -6,6 +6,7 @@
 //! Order is kube-scheduler's: pools by driver then name, slices by name,
 //! devices as listed.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{Device, DeviceTaint, ResourceSlice};
@@ -84,7 +85,8 @@ struct LocalPool<'a> {
 /// the pool says; otherwise the pool is obsolete when another node has a
 /// newer generation, complete when the slices of that generation on every
 /// node add up, incomplete if not.
-pub fn node_inventory(node: &str, slices: &[ResourceSlice]) -> Inventory {
+pub fn node_inventory<S: Borrow<ResourceSlice>>(node: &str, slices: &[S]) -> Inventory {
+    let slices: Vec<&ResourceSlice> = slices.iter().map(Borrow::borrow).collect();
     let mut pools: BTreeMap<(&str, &str), LocalPool> = BTreeMap::new();
     for slice in slices
         .iter()

@@ -129,6 +129,13 @@ const SUPPORTED: &[&str] = &[
     "max",
 ];
 
+thread_local! {
+    /// The DRA functions, registered once per thread (a context is not
+    /// shared between threads); each evaluation binds `device` in a child
+    /// scope of it.
+    static FUNCTIONS: Context<'static, 'static> = base_context();
+}
+
 static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
     let mut env = Env::stdlib();
     env.add_extension(cel::extensions::strings)
@@ -192,9 +199,15 @@ impl Selector {
     /// Whether `device` is selected; an evaluation error (a missing
     /// attribute, a type mismatch) is the error text.
     pub fn matches(&self, device: &DeviceFacts) -> Result<bool, String> {
-        let mut ctx = base_context();
-        ctx.add_variable_from_value("device", device_value(device, &self.literals));
-        match self.program.execute(&ctx) {
+        FUNCTIONS.with(|functions| {
+            let mut ctx = functions.new_inner_scope();
+            ctx.add_variable_from_value("device", device_value(device, &self.literals));
+            self.evaluate(&ctx)
+        })
+    }
+
+    fn evaluate(&self, ctx: &Context) -> Result<bool, String> {
+        match self.program.execute(ctx) {
             Ok(Value::Bool(selected)) => Ok(selected),
             Ok(other) => Err(format!(
                 "expression must evaluate to bool, got {:?}",

@@ -3,6 +3,7 @@
 //! they mirror, with the same set-up and the same expected outcome.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
@@ -123,10 +124,10 @@ impl Case {
     }
 
     fn run(&self) -> Outcome {
-        let classes: BTreeMap<String, DeviceClass> = self
+        let classes: BTreeMap<String, Arc<DeviceClass>> = self
             .classes
             .iter()
-            .map(|c| (c.metadata.name.clone().unwrap(), c.clone()))
+            .map(|c| (c.metadata.name.clone().unwrap(), Arc::new(c.clone())))
             .collect();
         let in_use: HashSet<DeviceId> = self
             .in_use
@@ -525,8 +526,11 @@ fn all_devices_some_allocating_admin_access() {
 #[test]
 fn admin_access_disabled() {
     let case = Case::new(one_device(), one_request(json!({"adminAccess": true})));
-    let classes: BTreeMap<String, DeviceClass> =
-        [("class-a".to_string(), class("class-a", "driver-a"))].into();
+    let classes: BTreeMap<String, Arc<DeviceClass>> = [(
+        "class-a".to_string(),
+        Arc::new(class("class-a", "driver-a")),
+    )]
+    .into();
     let inventory = node_inventory(NODE, &case.slices);
     let outcome = allocate(&AllocationInput {
         claim: &case.claim,

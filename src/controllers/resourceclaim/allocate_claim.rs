@@ -4,6 +4,7 @@
 //! status patch.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceClass, ResourceClaim, ResourceClaimConsumerReference,
@@ -92,14 +93,12 @@ pub async fn allocate_for_pod(
         .filter_map(|(c, _)| c.metadata.uid.as_deref())
         .collect();
     let in_use = state.in_use(fresh.iter().chain(cached.iter().map(|c| &**c)), &uids);
-    let slices = state.slices.list();
-    let slices: Vec<_> = slices.iter().map(|s| (**s).clone()).collect();
-    let inventory = allocate::node_inventory(node, &slices);
-    let classes: BTreeMap<String, DeviceClass> = state
+    let inventory = allocate::node_inventory(node, &state.slices.list());
+    let classes: BTreeMap<String, Arc<DeviceClass>> = state
         .classes
         .list()
         .into_iter()
-        .map(|c| (c.metadata.name.clone().unwrap_or_default(), (*c).clone()))
+        .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
         .collect();
     let pod_key = format!("{ns}/{}", pod.name());
     let gates = (ctx.gates.admin_access, ctx.gates.prioritized_list);
@@ -133,7 +132,7 @@ pub async fn allocate_for_pod(
 /// `gates`: DRAAdminAccess and DRAPrioritizedList.
 pub fn plan(
     claims: &[&ResourceClaim],
-    classes: &BTreeMap<String, DeviceClass>,
+    classes: &BTreeMap<String, Arc<DeviceClass>>,
     node: &str,
     inventory: &Inventory,
     in_use: HashSet<DeviceId>,
@@ -332,7 +331,7 @@ mod tests {
         .unwrap();
         let class: DeviceClass =
             serde_json::from_value(json!({"metadata": {"name": "gpu"}, "spec": {}})).unwrap();
-        let classes = BTreeMap::from([("gpu".to_string(), class)]);
+        let classes = BTreeMap::from([("gpu".to_string(), Arc::new(class))]);
         let claim = |name: &str, selectors: serde_json::Value| -> ResourceClaim {
             serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ns"},
                 "spec": {"devices": {"requests": [{"name": "r", "exactly": {
@@ -368,7 +367,7 @@ mod tests {
 
     fn plan_err(
         claims: &[&ResourceClaim],
-        classes: &BTreeMap<String, DeviceClass>,
+        classes: &BTreeMap<String, Arc<DeviceClass>>,
         inventory: &Inventory,
     ) -> (&'static str, String, String) {
         plan(
