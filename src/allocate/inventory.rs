@@ -16,7 +16,7 @@ use super::selector::{AttributeValue, DeviceFacts};
 use super::semver::Version;
 
 /// A device by the names an allocation result uses.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub struct DeviceId {
     pub driver: String,
     pub pool: String,

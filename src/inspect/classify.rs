@@ -222,10 +222,7 @@ impl Problem {
     }
 }
 
-/// Whether a `reservedFor` entry names a core pod.
-pub fn is_pod_consumer(r: &ResourceClaimConsumerReference) -> bool {
-    r.resource == "pods" && r.api_group.as_deref().unwrap_or_default().is_empty()
-}
+pub use crate::controllers::resourceclaim::claim::is_pod_consumer;
 
 /// The pods `reservedFor` names, with their states.
 pub fn pod_consumers(

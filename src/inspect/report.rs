@@ -34,18 +34,8 @@ pub struct ClaimRef {
     pub name: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct DeviceRef {
-    pub driver: String,
-    pub pool: String,
-    pub device: String,
-}
-
-impl std::fmt::Display for DeviceRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}/{}", self.driver, self.pool, self.device)
-    }
-}
+/// A device as reports name it: the allocator's device identity.
+pub use crate::allocate::DeviceId as DeviceRef;
 
 /// The object a finding is about, besides the claim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

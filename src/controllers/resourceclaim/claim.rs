@@ -68,7 +68,8 @@ pub enum ClaimDecision {
     Act(ClaimActions),
 }
 
-fn is_pod_consumer(r: &ResourceClaimConsumerReference) -> bool {
+/// Whether a `reservedFor` entry names a core pod.
+pub fn is_pod_consumer(r: &ResourceClaimConsumerReference) -> bool {
     r.api_group.as_deref().unwrap_or_default().is_empty() && r.resource == "pods"
 }
 
