@@ -196,7 +196,12 @@ fn group_claim_to_record(
     {
         return None;
     }
-    let mut owned = caches.claims_owned_by_group(group.uid());
+    adoptable(caches.claims_owned_by_group(group.uid()), entry)
+}
+
+/// The claim to adopt for `entry` among those its owner controls: the
+/// first by name made for that entry and not being deleted.
+pub fn adoptable(mut owned: Vec<Arc<ClaimView>>, entry: &str) -> Option<EntryAction> {
     owned.sort_by(|a, b| a.name().cmp(b.name()));
     let claim = owned
         .iter()
@@ -250,16 +255,8 @@ fn adopt_or_create(
 ) -> EntryAction {
     // Adopt before creating: a claim we made earlier (maybe a moment ago,
     // before a failed status write) must be reused, never duplicated.
-    let mut owned = caches.claims_owned_by(pod.uid());
-    owned.sort_by(|a, b| a.name().cmp(b.name()));
-    if let Some(claim) = owned
-        .iter()
-        .find(|c| c.annotation(POD_CLAIM_NAME_ANNOTATION) == Some(entry_name) && !c.is_deleting())
-    {
-        return EntryAction::Adopt {
-            entry: entry_name.to_string(),
-            claim_name: claim.name().to_string(),
-        };
+    if let Some(adopt) = adoptable(caches.claims_owned_by(pod.uid()), entry_name) {
+        return adopt;
     }
     let template_name = entry
         .resource_claim_template_name

@@ -24,9 +24,7 @@ use super::pod::{
     perform_entries, usable_template,
 };
 use super::views::{PodGroupApi, PodGroupView};
-use crate::naming::{
-    FIELD_MANAGER, POD_CLAIM_NAME_ANNOTATION, is_controlled_by, pod_group_owner_reference,
-};
+use crate::naming::{FIELD_MANAGER, is_controlled_by, pod_group_owner_reference};
 
 /// The `owner_api_*` labels of claims made for PodGroups.
 pub const GROUP_OWNER: ClaimOwner = ClaimOwner {
@@ -83,15 +81,10 @@ pub fn decide(
         }
         // Adopt before creating: one claim per entry, whatever happened to
         // an earlier status write.
-        let mut owned = caches.claims_owned_by_group(group.uid());
-        owned.sort_by(|a, b| a.name().cmp(b.name()));
-        if let Some(claim) = owned.iter().find(|c| {
-            c.annotation(POD_CLAIM_NAME_ANNOTATION) == Some(entry.name.as_str()) && !c.is_deleting()
-        }) {
-            decision.entries.push(EntryAction::Adopt {
-                entry: entry.name.clone(),
-                claim_name: claim.name().to_string(),
-            });
+        if let Some(adopt) =
+            super::pod::adoptable(caches.claims_owned_by_group(group.uid()), &entry.name)
+        {
+            decision.entries.push(adopt);
             continue;
         }
         let template =
