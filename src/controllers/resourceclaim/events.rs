@@ -52,6 +52,19 @@ pub struct Involved<'a> {
     pub resource_version: Option<&'a str>,
 }
 
+impl<'a> Involved<'a> {
+    pub fn pod(pod: &'a PodView) -> Self {
+        Involved {
+            api_version: "v1".into(),
+            kind: "Pod",
+            name: pod.name(),
+            namespace: pod.namespace(),
+            uid: pod.uid(),
+            resource_version: pod.metadata.resource_version.as_deref(),
+        }
+    }
+}
+
 impl EventRecorder {
     pub fn new(client: kube::Client, host: String) -> Self {
         EventRecorder {
@@ -71,15 +84,7 @@ impl EventRecorder {
     }
 
     pub async fn warn(&self, pod: &PodView, reason: &str, message: &str) {
-        let involved = Involved {
-            api_version: "v1".into(),
-            kind: "Pod",
-            name: pod.name(),
-            namespace: pod.namespace(),
-            uid: pod.uid(),
-            resource_version: pod.metadata.resource_version.as_deref(),
-        };
-        self.warn_about(&involved, reason, message).await
+        self.warn_about(&Involved::pod(pod), reason, message).await
     }
 
     /// A Warning event about any object.

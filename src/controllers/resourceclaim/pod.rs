@@ -17,6 +17,7 @@ use tracing::{debug, info, warn};
 use super::cache::Caches;
 use super::context::{Context, Synced};
 use super::error::{SyncError, kube_err};
+use super::events::Involved;
 use super::metrics::ClaimOwner;
 use super::patch;
 use super::views::{ClaimView, PodGroupView, PodView, TemplateView};
@@ -492,12 +493,7 @@ pub async fn execute(
     decision: PodDecision,
 ) -> Result<Synced, SyncError> {
     let (ns, name) = (pod.namespace(), pod.name());
-    let EntryOutcome {
-        record,
-        changed,
-        failures,
-        created,
-    } = perform_entries(
+    let outcome = perform_entries(
         ctx,
         ns,
         pod.uid(),
@@ -506,32 +502,19 @@ pub async fn execute(
         decision.entries,
     )
     .await;
-    // Record what we have even when another entry failed: the claims made
-    // so far are then found by name instead of by adoption. Entries that
-    // failed keep the name they had (it is in `record` from the decision).
-    let applied = if changed {
-        apply_claim_statuses(ctx, pod, &record).await
-    } else {
-        Ok(())
+    let owner = EntryOwner {
+        involved: Involved::pod(pod),
+        entry_kind: "PodResourceClaim",
+        owner_word: "pod",
     };
-    // Told whether or not the apply went through: the user needs to know
-    // about each failing entry either way.
-    for (entry, reason) in &failures {
-        warn!(entry = %entry, reason = %reason, "cannot provide claim");
-        ctx.events
-            .warn(
-                pod,
-                REASON_CREATION_FAILED,
-                &format!("PodResourceClaim {entry}: {reason}"),
-            )
-            .await;
-    }
-    applied?;
-    if let Some((entry, reason)) = failures.first() {
-        return Err(SyncError::Invalid(format!(
-            "pod {ns}/{name}, PodResourceClaim {entry}: {reason}"
-        )));
-    }
+    record_entries(
+        ctx,
+        Api::<PodView>::namespaced(ctx.client.clone(), ns),
+        &owner,
+        &outcome,
+    )
+    .await?;
+    let created = outcome.created;
     for (entry, claim_name) in &decision.missing {
         report_missing_claim(ctx, pod, entry, claim_name).await?;
     }
@@ -730,33 +713,76 @@ pub fn claim_statuses(record: &BTreeMap<String, Option<String>>) -> Vec<Value> {
         .collect()
 }
 
-/// Server-side apply of `status.resourceClaimStatuses` with our field
-/// manager. The full set we own is always sent: an apply that left one out
-/// would remove it.
-async fn apply_claim_statuses(
+/// Whose entries were performed: how the status apply, the events and the
+/// errors name the owner (a pod or a PodGroup) and its entries.
+pub struct EntryOwner<'a> {
+    pub involved: Involved<'a>,
+    /// What the owner's entries are called in messages (`PodResourceClaim`).
+    pub entry_kind: &'static str,
+    /// How errors name the owner (`pod`, `PodGroup`).
+    pub owner_word: &'static str,
+}
+
+/// Records what performing the owner's entries gave and tells about each
+/// entry that failed. The owner's `status.resourceClaimStatuses` is applied
+/// (server-side, our field manager, every entry: an apply that left one out
+/// would remove it) even when another entry failed: the claims made so far
+/// are then found by name instead of by adoption, and entries that failed
+/// keep the name they had. Each failure is told whether or not the apply
+/// went through; the first one is the error.
+pub async fn record_entries<K>(
     ctx: &Context,
-    pod: &PodView,
-    record: &BTreeMap<String, Option<String>>,
-) -> Result<(), SyncError> {
-    let (ns, name, uid) = (pod.namespace(), pod.name(), pod.uid());
-    let statuses = claim_statuses(record);
-    let body = json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        // The UID makes the API server refuse the write if the pod was
-        // replaced under its name meanwhile.
-        "metadata": {"name": name, "namespace": ns, "uid": uid},
-        "status": {"resourceClaimStatuses": statuses},
-    });
-    let api: Api<PodView> = Api::namespaced(ctx.client.clone(), ns);
-    api.patch_status(
+    api: Api<K>,
+    owner: &EntryOwner<'_>,
+    outcome: &EntryOutcome,
+) -> Result<(), SyncError>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let Involved {
         name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(body),
-    )
-    .await
-    .map_err(kube_err(format_args!(
-        "recording status.resourceClaimStatuses of pod {ns}/{name}"
-    )))?;
+        namespace: ns,
+        ..
+    } = owner.involved;
+    let word = owner.owner_word;
+    let applied = if outcome.changed {
+        let body = json!({
+            "apiVersion": owner.involved.api_version,
+            "kind": owner.involved.kind,
+            // The UID makes the API server refuse the write if the owner was
+            // replaced under its name meanwhile.
+            "metadata": {"name": name, "namespace": ns, "uid": owner.involved.uid},
+            "status": {"resourceClaimStatuses": claim_statuses(&outcome.record)},
+        });
+        api.patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(body),
+        )
+        .await
+        .map(|_| ())
+        .map_err(kube_err(format_args!(
+            "recording status.resourceClaimStatuses of {word} {ns}/{name}"
+        )))
+    } else {
+        Ok(())
+    };
+    for (entry, reason) in &outcome.failures {
+        warn!(entry = %entry, reason = %reason, owner = word, "cannot provide claim");
+        ctx.events
+            .warn_about(
+                &owner.involved,
+                REASON_CREATION_FAILED,
+                &format!("{} {entry}: {reason}", owner.entry_kind),
+            )
+            .await;
+    }
+    applied?;
+    if let Some((entry, reason)) = outcome.failures.first() {
+        return Err(SyncError::Invalid(format!(
+            "{word} {ns}/{name}, {} {entry}: {reason}",
+            owner.entry_kind
+        )));
+    }
     Ok(())
 }

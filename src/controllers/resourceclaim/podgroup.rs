@@ -9,22 +9,20 @@
 
 use std::collections::BTreeMap;
 
-use kube::api::{Api, Patch, PatchParams};
-use serde_json::json;
-use tracing::{info, warn};
+use kube::api::Api;
+use tracing::info;
 
 use super::cache::{Caches, object_key};
 use super::context::Context;
-use super::error::{SyncError, kube_err};
+use super::error::SyncError;
 use super::events::Involved;
 use super::features::FeatureGates;
 use super::metrics::ClaimOwner;
 use super::pod::{
-    EntryAction, EntryOutcome, REASON_CREATION_FAILED, claim_statuses, generated_claim,
-    perform_entries, usable_template,
+    EntryAction, EntryOwner, generated_claim, perform_entries, record_entries, usable_template,
 };
 use super::views::{PodGroupApi, PodGroupView};
-use crate::naming::{FIELD_MANAGER, is_controlled_by, pod_group_owner_reference};
+use crate::naming::{is_controlled_by, pod_group_owner_reference};
 
 /// The `owner_api_*` labels of claims made for PodGroups.
 pub const GROUP_OWNER: ClaimOwner = ClaimOwner {
@@ -153,13 +151,8 @@ pub async fn execute(
     api: &PodGroupApi,
     decision: GroupDecision,
 ) -> Result<(), SyncError> {
-    let (ns, name) = (group.namespace(), group.name());
-    let EntryOutcome {
-        record,
-        changed,
-        failures,
-        ..
-    } = perform_entries(
+    let ns = group.namespace();
+    let outcome = perform_entries(
         ctx,
         ns,
         group.uid(),
@@ -168,44 +161,13 @@ pub async fn execute(
         decision.entries,
     )
     .await;
-    let applied = if changed {
-        let body = json!({
-            "apiVersion": api.api_version(),
-            "kind": "PodGroup",
-            "metadata": {"name": name, "namespace": ns, "uid": group.uid()},
-            "status": {"resourceClaimStatuses": claim_statuses(&record)},
-        });
-        Api::<PodGroupView>::namespaced_with(ctx.client.clone(), ns, api)
-            .patch_status(
-                name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(body),
-            )
-            .await
-            .map(|_| ())
-            .map_err(kube_err(format_args!(
-                "recording status.resourceClaimStatuses of PodGroup {ns}/{name}"
-            )))
-    } else {
-        Ok(())
+    let owner = EntryOwner {
+        involved: involved(group, api),
+        entry_kind: "PodGroupResourceClaim",
+        owner_word: "PodGroup",
     };
-    for (entry, reason) in &failures {
-        warn!(entry = %entry, reason = %reason, "cannot provide PodGroup claim");
-        ctx.events
-            .warn_about(
-                &involved(group, api),
-                REASON_CREATION_FAILED,
-                &format!("PodGroupResourceClaim {entry}: {reason}"),
-            )
-            .await;
-    }
-    applied?;
-    if let Some((entry, reason)) = failures.first() {
-        return Err(SyncError::Invalid(format!(
-            "PodGroup {ns}/{name}, PodGroupResourceClaim {entry}: {reason}"
-        )));
-    }
-    Ok(())
+    let groups = Api::<PodGroupView>::namespaced_with(ctx.client.clone(), ns, api);
+    record_entries(ctx, groups, &owner, &outcome).await
 }
 
 /// `namespace/name` keys of the member pods of a group.
