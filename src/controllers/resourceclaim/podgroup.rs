@@ -171,16 +171,14 @@ pub async fn execute(
 }
 
 /// `namespace/name` keys of the member pods of a group.
-pub fn member_keys(group: &PodGroupView, caches: &Caches) -> Vec<(String, String)> {
-    caches
-        .pods
-        .by_index(
-            super::cache::PODS_BY_GROUP,
-            &object_key(group.namespace(), group.name()),
-        )
-        .iter()
-        .map(|p| (p.namespace().to_string(), p.name().to_string()))
-        .collect()
+pub fn members(
+    group: &PodGroupView,
+    caches: &Caches,
+) -> Vec<std::sync::Arc<super::views::PodView>> {
+    caches.pods.by_index(
+        super::cache::PODS_BY_GROUP,
+        &object_key(group.namespace(), group.name()),
+    )
 }
 
 /// Which PodGroup API the API server serves, newest first. Asked once at

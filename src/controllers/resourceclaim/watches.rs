@@ -239,12 +239,17 @@ impl Controller {
         if podgroup::needs_work(group, caches) {
             keys.push(WorkKey::pod_group(group.namespace(), group.name()));
         }
-        for (ns, name) in podgroup::member_keys(group, caches) {
-            if let Some(pod) = caches.pods.get(&object_key(&ns, &name)) {
-                keys.extend(keys_for_pod_event(&pod, false, caches));
-            }
-        }
+        keys.extend(self.member_work(group));
         self.enqueue(keys);
+    }
+
+    /// The work a change of `group` gives its member pods.
+    fn member_work(&self, group: &PodGroupView) -> Vec<WorkKey> {
+        let caches = &self.ctx.caches;
+        podgroup::members(group, caches)
+            .iter()
+            .flat_map(|pod| keys_for_pod_event(pod, false, caches))
+            .collect()
     }
 
     /// A PodGroup is gone: reservations for it go (its claims are then
@@ -263,8 +268,8 @@ impl Controller {
             })
             .map(|c| WorkKey::claim(group.namespace(), c))
             .collect();
-        for (ns, name) in podgroup::member_keys(group, caches) {
-            keys.push(WorkKey::pod(&ns, &name));
+        for pod in podgroup::members(group, caches) {
+            keys.push(WorkKey::pod(pod.namespace(), pod.name()));
         }
         self.enqueue(keys);
     }
@@ -305,11 +310,7 @@ impl Controller {
                 .pod_groups
                 .get(&object_key(claim.namespace(), &owner.name))
         {
-            for (ns, name) in podgroup::member_keys(&group, caches) {
-                if let Some(pod) = caches.pods.get(&object_key(&ns, &name)) {
-                    keys.extend(keys_for_pod_event(&pod, false, caches));
-                }
-            }
+            keys.extend(self.member_work(&group));
         }
         self.enqueue(keys);
     }
