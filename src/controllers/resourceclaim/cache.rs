@@ -21,6 +21,47 @@ pub fn object_key(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
 }
 
+/// Objects whose name can be reused by a newer object: the UID tells them
+/// apart.
+pub trait HasUid {
+    fn uid(&self) -> &str;
+}
+
+impl HasUid for PodView {
+    fn uid(&self) -> &str {
+        PodView::uid(self)
+    }
+}
+
+impl HasUid for PodGroupView {
+    fn uid(&self) -> &str {
+        PodGroupView::uid(self)
+    }
+}
+
+impl<K: HasUid> Store<K> {
+    /// [`Store::replace`], also returning the objects a new one of the same
+    /// name (another UID) replaced: gone too, as far as their UID goes.
+    pub fn replace_by_uid(&self, objects: Vec<(String, Arc<K>)>) -> Vec<Arc<K>> {
+        let recreated: Vec<Arc<K>> = objects
+            .iter()
+            .filter_map(|(key, obj)| self.get(key).filter(|old| old.uid() != obj.uid()))
+            .collect();
+        let mut gone = self.replace(objects);
+        gone.extend(recreated);
+        gone
+    }
+
+    /// Removes the object at `key` if it has `uid`, and returns it; a cached
+    /// object with another UID is a newer one of that name and stays.
+    pub fn delete_if_uid(&self, key: &str, uid: &str) -> Option<Arc<K>> {
+        match self.get(key) {
+            Some(cached) if cached.uid() == uid => self.delete(key),
+            _ => None,
+        }
+    }
+}
+
 /// Index functions: an object maps to the index values it is found under.
 pub type IndexFn<K> = fn(&K) -> Vec<String>;
 
@@ -512,6 +553,23 @@ impl<T: Clone + Eq + std::hash::Hash> RecentSet<T> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn uid_tells_a_recreated_object_from_the_cached_one() {
+        let store: Store<PodView> = Store::new(Vec::new());
+        store.apply("ns/a".into(), Arc::new(pod("a", "uid-1", None)));
+        store.apply("ns/b".into(), Arc::new(pod("b", "uid-2", None)));
+        // Relisted: a is back under another UID, b is gone.
+        let gone = store.replace_by_uid(vec![("ns/a".into(), Arc::new(pod("a", "uid-3", None)))]);
+        let mut uids: Vec<&str> = gone.iter().map(|p| p.uid()).collect();
+        uids.sort();
+        assert_eq!(uids, ["uid-1", "uid-2"]);
+        // A late delete of the old a leaves the new one.
+        assert!(store.delete_if_uid("ns/a", "uid-1").is_none());
+        assert_eq!(store.get("ns/a").unwrap().uid(), "uid-3");
+        assert_eq!(store.delete_if_uid("ns/a", "uid-3").unwrap().uid(), "uid-3");
+        assert!(store.is_empty());
+    }
 
     fn pod(name: &str, uid: &str, status_claim: Option<&str>) -> PodView {
         let statuses = match status_claim {

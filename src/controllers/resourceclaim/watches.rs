@@ -35,13 +35,10 @@ impl Handler<PodView> for Controller {
             .iter()
             .map(|p| (object_key(p.namespace(), p.name()), p.clone()))
             .collect();
-        let replaced: Vec<Arc<PodView>> = entries
-            .iter()
-            .filter_map(|(key, pod)| caches.pods.get(key).filter(|o| o.uid() != pod.uid()))
-            .collect();
-        // Absent from the list: deleted while the watch was down.
-        for gone in caches.pods.replace(entries).iter().chain(&replaced) {
-            self.pod_deleted(gone);
+        // Absent from the list, or recreated under the same name: deleted
+        // while the watch was down.
+        for gone in caches.pods.replace_by_uid(entries) {
+            self.pod_deleted(&gone);
         }
         for pod in &pods {
             self.enqueue(keys_for_pod_event(pod, false, caches));
@@ -80,15 +77,11 @@ impl Handler<PodView> for Controller {
         let caches = &self.ctx.caches;
         let key = object_key(pod.namespace(), pod.name());
         // The cached version may name claims the deleted one no longer
-        // lists (see `observe`). A cached pod with another UID is a newer
-        // pod of that name: it stays.
-        let pod = match caches.pods.get(&key) {
-            Some(cached) if cached.uid() == pod.uid() => {
-                caches.pods.delete(&key);
-                cached
-            }
-            _ => Arc::new(pod),
-        };
+        // lists (see `observe`).
+        let pod = caches
+            .pods
+            .delete_if_uid(&key, pod.uid())
+            .unwrap_or_else(|| Arc::new(pod));
         if pod.is_relevant() {
             self.pod_deleted(&pod);
         }
@@ -182,19 +175,10 @@ impl Handler<PodGroupView> for Controller {
             .iter()
             .map(|g| (object_key(g.namespace(), g.name()), g.clone()))
             .collect();
-        let replaced: Vec<Arc<PodGroupView>> = groups
-            .iter()
-            .filter_map(|g| {
-                caches
-                    .pod_groups
-                    .get(&object_key(g.namespace(), g.name()))
-                    .filter(|old| old.uid() != g.uid())
-            })
-            .collect();
         // Absent from the list, or recreated under the same name: deleted
         // while the watch was down.
-        for gone in caches.pod_groups.replace(entries).iter().chain(&replaced) {
-            self.pod_group_deleted(gone);
+        for gone in caches.pod_groups.replace_by_uid(entries) {
+            self.pod_group_deleted(&gone);
         }
         for group in &groups {
             self.pod_group_changed(group);
@@ -205,26 +189,22 @@ impl Handler<PodGroupView> for Controller {
     fn applied(&self, group: PodGroupView) {
         let caches = &self.ctx.caches;
         let key = object_key(group.namespace(), group.name());
-        if let Some(old) = caches.pod_groups.get(&key)
+        let group = Arc::new(group);
+        if let Some(old) = caches.pod_groups.apply(key, group.clone())
             && old.uid() != group.uid()
         {
             self.pod_group_deleted(&old);
         }
-        let group = Arc::new(group);
-        caches.pod_groups.apply(key, group.clone());
         self.pod_group_changed(&group);
     }
 
     fn deleted(&self, group: PodGroupView) {
         let caches = &self.ctx.caches;
         let key = object_key(group.namespace(), group.name());
-        let group = match caches.pod_groups.get(&key) {
-            Some(cached) if cached.uid() == group.uid() => {
-                caches.pod_groups.delete(&key);
-                cached
-            }
-            _ => Arc::new(group),
-        };
+        let group = caches
+            .pod_groups
+            .delete_if_uid(&key, group.uid())
+            .unwrap_or_else(|| Arc::new(group));
         self.pod_group_deleted(&group);
     }
 }
