@@ -98,20 +98,18 @@ impl Handler<ClaimView> for Controller {
             .collect();
         for gone in caches.claims.replace(entries) {
             caches.forget_created(&object_key(gone.namespace(), gone.name()));
-            let released = gone.is_allocated().then_some(&*gone);
-            self.allocation_claim_changed(&gone, released, true);
+            // Released or not, every waiting pod is woken below.
+            self.allocation_claim_changed(&gone, None, true);
             self.claim_changed(&gone, true);
         }
-        for claim in &claims {
-            self.allocation_claim_changed(claim, None, false);
-        }
-        self.wake_waiting(None);
         // Startup (and every relist): check every claim once, for
         // reservations that went stale while nobody watched.
         for claim in &claims {
             caches.forget_created(&object_key(claim.namespace(), claim.name()));
+            self.allocation_claim_changed(claim, None, false);
             self.claim_changed(claim, false);
         }
+        self.wake_waiting(None);
         info!(claims = caches.claims.len(), "claim cache loaded");
     }
 
