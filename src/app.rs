@@ -34,30 +34,44 @@ pub fn log_filter(spec: &str) -> String {
 
 /// Logs to stderr, as text or JSON, filtered by RUST_LOG or --log-level.
 pub fn init_logging(args: &Args) {
-    let spec = std::env::var(EnvFilter::DEFAULT_ENV).unwrap_or_else(|_| args.log_level.clone());
-    let filter = EnvFilter::try_new(log_filter(&spec)).unwrap_or_else(|_| EnvFilter::new("info"));
+    init_logging_with(&args.log_level, "info", args.log_format);
+}
+
+/// Logging for the read-only commands: warnings and errors only, as text on
+/// stderr (stdout carries the report). RUST_LOG overrides the level.
+pub fn init_tool_logging() {
+    init_logging_with("warn", "warn", crate::cli::LogFormat::Text);
+}
+
+/// Logs to stderr at `level` (RUST_LOG overrides it; `fallback` when the
+/// filter does not parse), in `format`.
+fn init_logging_with(level: &str, fallback: &str, format: crate::cli::LogFormat) {
+    let spec = std::env::var(EnvFilter::DEFAULT_ENV).unwrap_or_else(|_| level.to_string());
+    let filter = EnvFilter::try_new(log_filter(&spec)).unwrap_or_else(|_| EnvFilter::new(fallback));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         // Colour only for a terminal; log files and collectors get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if args.log_format == crate::cli::LogFormat::Json {
+    if format == crate::cli::LogFormat::Json {
         builder.json().flatten_event(true).init();
     } else {
         builder.init();
     }
 }
 
-/// Logging for the read-only commands: warnings and errors only, as text on
-/// stderr (stdout carries the report). RUST_LOG overrides the level.
-pub fn init_tool_logging() {
-    let spec = std::env::var(EnvFilter::DEFAULT_ENV).unwrap_or_else(|_| "warn".into());
-    let filter = EnvFilter::try_new(log_filter(&spec)).unwrap_or_else(|_| EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+/// Runs a read-only command (drain-check, audit) as `program`.
+pub fn run_tool(program: &str, tool: crate::inspect::Tool) -> ExitCode {
+    init_tool_logging();
+    block_on_exit(program, async { Ok(crate::inspect::run(tool).await) })
+}
+
+/// Prints clap's message; help and version exit 0, usage errors 3 ("not
+/// completed"): for drain-check and audit, clap's 2 would read as
+/// "warnings", and a script must not mistake a typo for it.
+pub fn exit_usage(e: clap::Error) -> ! {
+    let _ = e.print();
+    std::process::exit(if e.exit_code() == 0 { 0 } else { 3 })
 }
 
 /// Runs `work` on a multi-threaded runtime and turns its outcome into the

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use dra_claim_controller::app;
-use dra_claim_controller::inspect::{self, Tool};
+use dra_claim_controller::inspect::Tool;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -23,14 +23,6 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    // Usage errors exit 3 ("not completed"), not clap's 2 ("warnings").
-    let cli = Cli::try_parse().unwrap_or_else(|e| exit_usage(e));
-    app::init_tool_logging();
-    app::block_on_exit("kubectl dra", async { Ok(inspect::run(cli.tool).await) })
-}
-
-/// Prints clap's message; help and version exit 0, usage errors 3.
-fn exit_usage(e: clap::Error) -> ! {
-    let _ = e.print();
-    std::process::exit(if e.exit_code() == 0 { 0 } else { 3 })
+    let cli = Cli::try_parse().unwrap_or_else(|e| app::exit_usage(e));
+    app::run_tool("kubectl dra", cli.tool)
 }
