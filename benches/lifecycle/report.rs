@@ -270,7 +270,8 @@ fn phase(
 }
 
 /// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+/// The nearest-rank percentile `p` (0-100) of `sorted`.
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

@@ -114,17 +114,18 @@ pub struct Percentiles {
     pub p99: f64,
 }
 
-fn percentiles(mut v: Vec<Duration>) -> Percentiles {
+fn percentiles(v: Vec<Duration>) -> Percentiles {
     if v.is_empty() {
         return Percentiles::default();
     }
-    v.sort();
-    let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1].as_secs_f64();
+    let mut secs: Vec<f64> = v.iter().map(Duration::as_secs_f64).collect();
+    secs.sort_by(f64::total_cmp);
+    let at = |p: f64| crate::report::percentile(&secs, p);
     Percentiles {
-        n: v.len(),
-        p50: at(0.50),
-        p90: at(0.90),
-        p99: at(0.99),
+        n: secs.len(),
+        p50: at(50.0),
+        p90: at(90.0),
+        p99: at(99.0),
     }
 }
 
