@@ -167,18 +167,26 @@ fn allocated_for_node(claim: &ResourceClaim, snapshot: &Snapshot, scope: DrainSc
 /// Whether the claim holds devices (of the driver, when given) that matter
 /// to the node. `snapshot.pods` must hold every pod bound to the node.
 pub fn matters_to_node(claim: &ResourceClaim, snapshot: &Snapshot, scope: DrainScope<'_>) -> bool {
+    relevance(claim, snapshot, scope).is_some()
+}
+
+/// `None` when the claim does not matter to the node; otherwise whether
+/// its allocation serves the node (it may matter only through a consumer
+/// running there).
+fn relevance(claim: &ResourceClaim, snapshot: &Snapshot, scope: DrainScope<'_>) -> Option<bool> {
     if devices(claim, scope.driver).is_empty() {
         // Not allocated (or nothing of this driver): nothing is prepared.
-        return false;
+        return None;
     }
     if allocated_for_node(claim, snapshot, scope) {
-        return true;
+        return Some(true);
     }
     let facts = ClaimFacts::from(claim);
     let lookup = |name: &str| snapshot.pod(facts.namespace, name);
     pod_consumers(&facts, &lookup)
         .iter()
         .any(|c| matches!(&c.state, PodState::Active { node: Some(n), .. } if n == scope.node))
+        .then_some(false)
 }
 
 /// Pods that claims mattering to the node name but that are not in the
@@ -196,19 +204,18 @@ pub fn pods_to_look_up(snapshot: &Snapshot, scope: DrainScope<'_>) -> BTreeSet<(
 /// The check itself.
 pub fn check(snapshot: &Snapshot, scope: DrainScope<'_>, now: Timestamp) -> DrainCheckReport {
     let mut report = DrainCheckReport::new(scope.node, scope.driver, now.to_string());
-    let mut claims: Vec<&ResourceClaim> = snapshot
+    let mut claims: Vec<(&ResourceClaim, bool)> = snapshot
         .claims
         .iter()
-        .filter(|c| matters_to_node(c, snapshot, scope))
+        .filter_map(|c| Some((c, relevance(c, snapshot, scope)?)))
         .collect();
-    claims.sort_by_key(|c| (c.metadata.namespace.clone(), c.metadata.name.clone()));
+    claims.sort_by_key(|(c, _)| (c.metadata.namespace.clone(), c.metadata.name.clone()));
     // (claim, pod UID) pairs already reported as blocking.
     let mut blocking: BTreeSet<(String, String, String)> = BTreeSet::new();
-    for claim in claims {
+    for (claim, allocated_here) in claims {
         let facts = ClaimFacts::from(claim);
         let lookup = |name: &str| snapshot.pod(facts.namespace, name);
         let devs = devices(claim, scope.driver);
-        let allocated_here = allocated_for_node(claim, snapshot, scope);
         for consumer in pod_consumers(&facts, &lookup) {
             let blocks = match &consumer.state {
                 PodState::Active { node: Some(n), .. } => n == scope.node,

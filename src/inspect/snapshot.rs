@@ -54,11 +54,11 @@ impl Snapshot {
     }
 
     /// The facts the selectors of `name` are matched against.
-    pub fn node(&self, name: &str) -> NodeFacts {
-        self.nodes
-            .get(name)
-            .cloned()
-            .unwrap_or_else(|| NodeFacts::named(name))
+    pub fn node(&self, name: &str) -> std::borrow::Cow<'_, NodeFacts> {
+        match self.nodes.get(name) {
+            Some(node) => std::borrow::Cow::Borrowed(node),
+            None => std::borrow::Cow::Owned(NodeFacts::named(name)),
+        }
     }
 }
 
