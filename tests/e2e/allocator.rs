@@ -390,12 +390,7 @@ fn shape(claim: &ResourceClaim, node: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn differential_allocation_shapes_against_kube_scheduler() {
     const NAME: &str = "differential_allocation_shapes_against_kube_scheduler";
-    let Some(bins) = crate::cluster::binaries() else {
-        println!("SKIP: {NAME}: {}", crate::cluster::SKIP_REASON);
-        return;
-    };
-    let Some(scheduler_bin) = crate::scheduler::binary(&bins) else {
-        println!("SKIP: {NAME}: {}", crate::scheduler::SKIP_REASON);
+    let Some(scheduler_bin) = crate::scheduler::binary_or_skip(NAME) else {
         return;
     };
     let Some(mut t) = cluster(NAME).await else {

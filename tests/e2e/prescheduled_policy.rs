@@ -326,12 +326,7 @@ pub async fn create_devices(client: &kube::Client, node: &str, devices: usize) {
 async fn prescheduled_pod_runs_through_the_real_scheduler() {
     const NAME: &str = "prescheduled_pod_runs_through_the_real_scheduler";
     const NODE_NAME: &str = "policy-gpu-1";
-    let Some(bins) = crate::cluster::binaries() else {
-        println!("SKIP: {NAME}: {}", crate::cluster::SKIP_REASON);
-        return;
-    };
-    let Some(scheduler_bin) = crate::scheduler::binary(&bins) else {
-        println!("SKIP: {NAME}: {}", crate::scheduler::SKIP_REASON);
+    let Some(scheduler_bin) = crate::scheduler::binary_or_skip(NAME) else {
         return;
     };
     let docs = match admission::render_policy(&[("prescheduledPods.policy.enabled", "true")]) {

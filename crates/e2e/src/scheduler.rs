@@ -16,6 +16,20 @@ pub fn binary(bins: &Binaries) -> Option<PathBuf> {
     crate::cluster::beside_apiserver(bins, "kube-scheduler")
 }
 
+/// The kube-scheduler binary for the test `name`, or one `SKIP:` line
+/// saying which binary is missing.
+pub fn binary_or_skip(name: &str) -> Option<PathBuf> {
+    let Some(bins) = crate::cluster::binaries() else {
+        println!("SKIP: {name}: {}", crate::cluster::SKIP_REASON);
+        return None;
+    };
+    let found = binary(&bins);
+    if found.is_none() {
+        println!("SKIP: {name}: {SKIP_REASON}");
+    }
+    found
+}
+
 /// A running kube-scheduler (admin credentials, no leader election).
 #[derive(Debug)]
 pub struct Scheduler {
