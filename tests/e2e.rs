@@ -18,7 +18,7 @@
 #![allow(unreachable_pub)]
 
 use dra_e2e::{
-    admission, cluster, ctx, fault_proxy, faults, helm, invariants, k8s, procs, prometheus,
+    admission, cluster, ctx, fault_proxy, faults, helm, invariants, k8s, nodes, procs, prometheus,
     rawhttp, rbac, reference, replica, scheduler,
 };
 

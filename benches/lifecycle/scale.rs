@@ -19,10 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use k8s_openapi::api::resource::v1::{
-    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
-};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -565,13 +563,7 @@ async fn prepare(client: &kube::Client, s: &ScaleArgs) -> anyhow::Result<()> {
             &serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?,
         )
         .await?;
-    Api::<DeviceClass>::all(client.clone())
-        .create(
-            &pp,
-            &serde_json::from_value(json!({"metadata": {"name": CLASS}, "spec": {"selectors": [
-                {"cel": {"expression": format!("device.driver == '{CLASS}'")}}]}}))?,
-        )
-        .await?;
+    dra_e2e::nodes::create_device_class(client, CLASS).await?;
     Api::<ResourceClaimTemplate>::namespaced(client.clone(), NAMESPACE)
         .create(
             &pp,
@@ -579,53 +571,11 @@ async fn prepare(client: &kube::Client, s: &ScaleArgs) -> anyhow::Result<()> {
                 "devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": CLASS}}]}}}}))?,
         )
         .await?;
-    let nodes: Api<Node> = Api::all(client.clone());
-    let slices: Api<ResourceSlice> = Api::all(client.clone());
-    let capacity = json!({"cpu": "64", "memory": "256Gi", "pods": "110"});
     let mut work = futures::stream::iter(0..s.nodes)
-        .map(|i| {
-            let (nodes, slices, capacity) = (nodes.clone(), slices.clone(), capacity.clone());
-            async move {
-                let name = format!("node-{i:03}");
-                nodes
-                    .create(
-                        &PostParams::default(),
-                        &serde_json::from_value(json!({"metadata": {"name": name}}))?,
-                    )
-                    .await?;
-                nodes
-                    .patch_status(
-                        &name,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"status": {"capacity": capacity, "allocatable": capacity,
-                            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                "message": "scale bench", "lastHeartbeatTime": "2026-01-01T00:00:00Z",
-                                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
-                    )
-                    .await?;
-                // TaintNodesByCondition gave it the not-ready taint; no node
-                // lifecycle controller runs here to lift it.
-                nodes
-                    .patch(
-                        &name,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"spec": {"taints": null}})),
-                    )
-                    .await?;
-                let devices: Vec<_> = (0..s.devices_per_node)
-                    .map(|d| json!({"name": format!("dev-{d}")}))
-                    .collect();
-                slices
-                    .create(
-                        &PostParams::default(),
-                        &serde_json::from_value(json!({"metadata": {"name": name}, "spec": {
-                            "driver": CLASS, "nodeName": name,
-                            "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
-                            "devices": devices}}))?,
-                    )
-                    .await?;
-                anyhow::Ok(())
-            }
+        .map(|i| async move {
+            let name = format!("node-{i:03}");
+            dra_e2e::nodes::create_schedulable_node(client, &name).await?;
+            dra_e2e::nodes::create_devices(client, CLASS, &name, s.devices_per_node).await
         })
         .buffer_unordered(16);
     while let Some(r) = work.next().await {

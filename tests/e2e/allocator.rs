@@ -20,7 +20,7 @@ use crate::ctx::TestCtx;
 use crate::fault_proxy::FaultPlan;
 use crate::faults_api::controller_behind_proxy;
 use crate::k8s::*;
-use crate::prescheduled_policy::{create_device_class, create_devices, create_schedulable_node};
+use crate::nodes;
 
 const LABEL: &str = "dra-e2e.example.com/pre-scheduled";
 const SELECTOR: &str = "dra-e2e.example.com/pre-scheduled=true";
@@ -149,10 +149,16 @@ async fn allocator_on_declared_nodes() {
     let Some(mut t) = cluster(NAME).await else {
         return;
     };
-    create_device_class(&t.client).await;
+    nodes::create_device_class(&t.client, DEVICE_CLASS)
+        .await
+        .unwrap();
     for node in ["alloc-1", "alloc-2"] {
-        create_schedulable_node(&t.client, node).await;
-        create_devices(&t.client, node, 4).await;
+        nodes::create_schedulable_node(&t.client, node)
+            .await
+            .unwrap();
+        nodes::create_devices(&t.client, DEVICE_CLASS, node, 4)
+            .await
+            .unwrap();
     }
     declare(&t.client, "alloc-1").await;
     t.isolated_env()
@@ -263,9 +269,15 @@ async fn allocator_never_reuses_a_device_behind_a_lagging_watch() {
     let Some(mut t) = cluster(NAME).await else {
         return;
     };
-    create_device_class(&t.client).await;
-    create_schedulable_node(&t.client, "lag-1").await;
-    create_devices(&t.client, "lag-1", 4).await;
+    nodes::create_device_class(&t.client, DEVICE_CLASS)
+        .await
+        .unwrap();
+    nodes::create_schedulable_node(&t.client, "lag-1")
+        .await
+        .unwrap();
+    nodes::create_devices(&t.client, DEVICE_CLASS, "lag-1", 4)
+        .await
+        .unwrap();
     declare(&t.client, "lag-1").await;
     // Only the claim watch lags: the pod arrives on time, its claim's
     // neighbour late.
@@ -408,7 +420,9 @@ async fn differential_allocation_shapes_against_kube_scheduler() {
         .await
         .unwrap();
     for node in ["sched-1", "ours-1"] {
-        create_schedulable_node(&t.client, node).await;
+        nodes::create_schedulable_node(&t.client, node)
+            .await
+            .unwrap();
         create_rich_devices(&t.client, node).await;
     }
     declare(&t.client, "ours-1").await;

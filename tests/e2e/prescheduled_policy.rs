@@ -6,8 +6,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, ensure};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
@@ -15,6 +14,7 @@ use crate::admission;
 use crate::cluster::ControllerOpts;
 use crate::ctx::TestCtx;
 use crate::k8s::*;
+use crate::nodes;
 
 const ANNOTATION: &str = "dra-claim-controller.io/requested-node-name";
 const SELECTED_LABEL: &str = "dra-policy";
@@ -243,81 +243,6 @@ async fn policy_rewrites_only_prescheduled_pods_with_claims() {
     t.finish();
 }
 
-/// A Node the scheduler can use: no taints, room for pods.
-pub async fn create_schedulable_node(client: &kube::Client, name: &str) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(
-                json!({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}),
-            )
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let capacity = json!({"cpu": "8", "memory": "32Gi", "pods": "110"});
-    nodes
-        .patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {
-                "capacity": capacity, "allocatable": capacity,
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                "message": "e2e", "lastHeartbeatTime": "2026-01-01T00:00:00Z",
-                                "lastTransitionTime": "2026-01-01T00:00:00Z"}],
-            }})),
-        )
-        .await
-        .unwrap();
-    // The TaintNodesByCondition admission plugin gives every new Node the
-    // not-ready taint; the node lifecycle controller, which is not running
-    // here, would lift it once the node reports Ready.
-    nodes
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"taints": null}})),
-        )
-        .await
-        .unwrap();
-}
-
-/// A DeviceClass matching the e2e driver.
-pub async fn create_device_class(client: &kube::Client) {
-    let classes: Api<DeviceClass> = Api::all(client.clone());
-    classes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(
-                json!({"metadata": {"name": DEVICE_CLASS}, "spec": {"selectors": [
-                {"cel": {"expression": format!("device.driver == '{DEVICE_CLASS}'")}}]}}),
-            )
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-}
-
-/// A node-local slice of `devices` devices of the e2e driver on `node`.
-pub async fn create_devices(client: &kube::Client, node: &str, devices: usize) {
-    let slices: Api<ResourceSlice> = Api::all(client.clone());
-    let devices: Vec<Value> = (0..devices)
-        .map(|i| json!({"name": format!("dev-{i}")}))
-        .collect();
-    slices
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": node}, "spec": {
-                "driver": DEVICE_CLASS, "nodeName": node,
-                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                "devices": devices}}))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-}
-
 /// End to end with the real scheduler: a pod created with `spec.nodeName`
 /// and a template claim is rewritten by the chart's policy, gets its claim
 /// from us, the scheduler allocates it on the requested node, reserves it
@@ -340,13 +265,23 @@ async fn prescheduled_pod_runs_through_the_real_scheduler() {
     let Some(mut t) = TestCtx::isolated(NAME, ControllerOpts::default(), 1).await else {
         return;
     };
-    create_device_class(&t.client).await;
+    nodes::create_device_class(&t.client, DEVICE_CLASS)
+        .await
+        .unwrap();
     // Two nodes with devices, the second with more: only the requested node
     // may be chosen.
-    create_schedulable_node(&t.client, NODE_NAME).await;
-    create_devices(&t.client, NODE_NAME, 2).await;
-    create_schedulable_node(&t.client, "policy-gpu-2").await;
-    create_devices(&t.client, "policy-gpu-2", 8).await;
+    nodes::create_schedulable_node(&t.client, NODE_NAME)
+        .await
+        .unwrap();
+    nodes::create_devices(&t.client, DEVICE_CLASS, NODE_NAME, 2)
+        .await
+        .unwrap();
+    nodes::create_schedulable_node(&t.client, "policy-gpu-2")
+        .await
+        .unwrap();
+    nodes::create_devices(&t.client, DEVICE_CLASS, "policy-gpu-2", 8)
+        .await
+        .unwrap();
     let _scheduler = crate::scheduler::Scheduler::start(&scheduler_bin, &t.isolated_env().cluster)
         .await
         .expect("start kube-scheduler");
