@@ -100,7 +100,7 @@ pub async fn allocate_for_pod(
         .into_iter()
         .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
         .collect();
-    let pod_key = format!("{ns}/{}", pod.name());
+    let pod_key = super::cache::object_key(ns, pod.name());
     let gates = (ctx.gates.admin_access, ctx.gates.prioritized_list);
     let to_plan: Vec<&ResourceClaim> = claims.iter().map(|(c, _)| c).collect();
     let plan = match plan(&to_plan, &classes, node, &inventory, in_use, gates) {
