@@ -105,7 +105,13 @@ impl ControllerMetrics {
             registry.register(Box::new(c.clone()))?;
             metrics.allocations = Some(c);
         }
-        registry.register(Box::new(DoubleAllocationGauge::new(caches.clone())?))?;
+        registry.register(Box::new(CacheGauge::new(
+            caches.clone(),
+            DOUBLE_NAME,
+            DOUBLE_HELP,
+            None,
+            double_allocation_count,
+        )?))?;
         if naming.with_1_36() {
             let c = IntCounterVec::new(
                 Opts::new(CREATES_1_36, CREATES_HELP),
@@ -135,7 +141,13 @@ impl ControllerMetrics {
         .filter_map(|(on, name)| on.then_some(name))
         .collect();
         registry.register(Box::new(ClaimGauge::new(caches.clone(), names)?))?;
-        registry.register(Box::new(ProblemGauge::new(caches)?))?;
+        registry.register(Box::new(CacheGauge::new(
+            caches,
+            PROBLEMS_NAME,
+            PROBLEMS_HELP,
+            Some("state"),
+            problem_counts,
+        )?))?;
         Ok(metrics)
     }
 
@@ -252,107 +264,98 @@ replaced or done), leaked_allocation (allocated, reserved for nobody, no live ow
 pod that is done or gone), stuck_deleting (deleted over a minute ago, finalizer still set). A claim may be in several \
 states. Computed from the caches at scrape time; absent until they are loaded.";
 
-/// `dra_claim_controller_claims{state}`, computed from the caches at
-/// scrape time (no API calls). Nothing is exported before the caches are
-/// loaded: a pod not cached yet is not a pod that is gone.
-struct ProblemGauge {
+/// A gauge computed from the caches at scrape time (no API calls), by one
+/// label or none. Nothing is exported before the caches are loaded: a pod
+/// not cached yet is not a pod that is gone.
+struct CacheGauge {
     caches: Arc<Caches>,
+    name: &'static str,
+    help: &'static str,
+    /// The label the values are by; `None`: a single value.
+    label: Option<&'static str>,
+    /// `(label value, value)` pairs (the label value is ignored without a label).
+    values: fn(&Caches) -> Vec<(&'static str, i64)>,
     desc: Vec<Desc>,
 }
 
-impl ProblemGauge {
-    fn new(caches: Arc<Caches>) -> prometheus::Result<Self> {
-        let desc = Desc::new(
-            PROBLEMS_NAME.into(),
-            PROBLEMS_HELP.into(),
-            vec!["state".into()],
-            Default::default(),
-        )?;
-        Ok(ProblemGauge {
+impl CacheGauge {
+    fn new(
+        caches: Arc<Caches>,
+        name: &'static str,
+        help: &'static str,
+        label: Option<&'static str>,
+        values: fn(&Caches) -> Vec<(&'static str, i64)>,
+    ) -> prometheus::Result<Self> {
+        let labels = label.iter().map(|l| l.to_string()).collect();
+        let desc = Desc::new(name.into(), help.into(), labels, Default::default())?;
+        Ok(CacheGauge {
             caches,
+            name,
+            help,
+            label,
+            values,
             desc: vec![desc],
         })
     }
+}
 
-    /// Claims per state, every state present.
-    fn counts(&self) -> BTreeMap<ProblemKind, i64> {
-        let mut counts: BTreeMap<ProblemKind, i64> =
-            ProblemKind::GAUGE_STATES.iter().map(|k| (*k, 0)).collect();
-        let now = k8s_openapi::jiff::Timestamp::now();
-        for claim in self.caches.claims.list() {
-            let facts = ClaimFacts::from(&*claim);
-            let lookup = |name: &str| self.caches.pods.get(&object_key(facts.namespace, name));
-            let mut kinds: Vec<ProblemKind> = problems(&facts, &lookup, now)
-                .iter()
-                .map(|p| p.kind())
-                .collect();
-            kinds.dedup();
-            for kind in kinds {
-                if let Some(n) = counts.get_mut(&kind) {
-                    *n += 1;
+impl Collector for CacheGauge {
+    fn desc(&self) -> Vec<&Desc> {
+        self.desc.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        if !self.caches.is_synced() {
+            return Vec::new();
+        }
+        let values = (self.values)(&self.caches);
+        match self.label {
+            Some(label) => {
+                let gauge = IntGaugeVec::new(Opts::new(self.name, self.help), &[label])
+                    .expect("static metric definition");
+                for (value, n) in values {
+                    gauge.with_label_values(&[value]).set(n);
                 }
+                gauge.collect()
+            }
+            None => {
+                let gauge = prometheus::IntGauge::new(self.name, self.help)
+                    .expect("static metric definition");
+                gauge.set(values.iter().map(|(_, n)| n).sum());
+                gauge.collect()
             }
         }
-        counts
     }
 }
 
-impl Collector for ProblemGauge {
-    fn desc(&self) -> Vec<&Desc> {
-        self.desc.iter().collect()
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        if !self.caches.is_synced() {
-            return Vec::new();
+/// `dra_claim_controller_claims{state}`: claims per problem state, every
+/// state present.
+fn problem_counts(caches: &Caches) -> Vec<(&'static str, i64)> {
+    let mut counts: BTreeMap<ProblemKind, i64> =
+        ProblemKind::GAUGE_STATES.iter().map(|k| (*k, 0)).collect();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    for claim in caches.claims.list() {
+        let facts = ClaimFacts::from(&*claim);
+        let lookup = |name: &str| caches.pods.get(&object_key(facts.namespace, name));
+        let mut kinds: Vec<ProblemKind> = problems(&facts, &lookup, now)
+            .iter()
+            .map(|p| p.kind())
+            .collect();
+        kinds.dedup();
+        for kind in kinds {
+            if let Some(n) = counts.get_mut(&kind) {
+                *n += 1;
+            }
         }
-        let gauge = IntGaugeVec::new(Opts::new(PROBLEMS_NAME, PROBLEMS_HELP), &["state"])
-            .expect("static metric definition");
-        for (kind, n) in self.counts() {
-            gauge.with_label_values(&[kind.label()]).set(n);
-        }
-        gauge.collect()
     }
+    counts.into_iter().map(|(k, n)| (k.label(), n)).collect()
 }
 
-/// `dra_claim_controller_device_double_allocations`, from the claim cache
-/// at scrape time; absent until the caches are loaded.
-struct DoubleAllocationGauge {
-    caches: Arc<Caches>,
-    desc: Vec<Desc>,
-}
-
-impl DoubleAllocationGauge {
-    fn new(caches: Arc<Caches>) -> prometheus::Result<Self> {
-        let desc = Desc::new(
-            DOUBLE_NAME.into(),
-            DOUBLE_HELP.into(),
-            Vec::new(),
-            Default::default(),
-        )?;
-        Ok(DoubleAllocationGauge {
-            caches,
-            desc: vec![desc],
-        })
-    }
-}
-
-impl Collector for DoubleAllocationGauge {
-    fn desc(&self) -> Vec<&Desc> {
-        self.desc.iter().collect()
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        if !self.caches.is_synced() {
-            return Vec::new();
-        }
-        let claims = self.caches.claims.list();
-        let doubles = super::allocation::double_allocations(claims.iter().map(|c| &**c));
-        let gauge =
-            prometheus::IntGauge::new(DOUBLE_NAME, DOUBLE_HELP).expect("static metric definition");
-        gauge.set(i64::try_from(doubles).unwrap_or(i64::MAX));
-        gauge.collect()
-    }
+/// `dra_claim_controller_device_double_allocations`.
+fn double_allocation_count(caches: &Caches) -> Vec<(&'static str, i64)> {
+    let claims = caches.claims.list();
+    let doubles = super::allocation::double_allocations(claims.iter().map(|c| &**c));
+    vec![("", i64::try_from(doubles).unwrap_or(i64::MAX))]
 }
 
 #[cfg(test)]
@@ -360,6 +363,15 @@ mod tests {
     use super::*;
     use prometheus::Encoder;
     use serde_json::json;
+
+    /// What `/metrics` would serve from `registry`.
+    fn exposition(registry: &Registry) -> String {
+        let mut out = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&registry.gather(), &mut out)
+            .unwrap();
+        String::from_utf8(out).unwrap()
+    }
 
     #[test]
     fn gauge_counts_claims_by_labels() {
@@ -382,11 +394,7 @@ mod tests {
         let metrics = ControllerMetrics::register(&registry, caches, MetricsNaming::Both).unwrap();
         metrics.record_create(true, false, ClaimOwner::POD);
         metrics.record_create(false, true, ClaimOwner::POD);
-        let mut out = Vec::new();
-        prometheus::TextEncoder::new()
-            .encode(&registry.gather(), &mut out)
-            .unwrap();
-        let text = String::from_utf8(out).unwrap();
+        let text = exposition(&registry);
         for line in [
             r#"resourceclaim_controller_resource_claims{admin_access="false",allocated="true",source="resource_claim_template"} 1"#,
             r#"resourceclaim_controller_resource_claims{admin_access="false",allocated="false",source="extended_resource"} 1"#,
@@ -425,11 +433,7 @@ mod tests {
             let registry = Registry::new();
             let metrics = ControllerMetrics::register(&registry, caches, naming).unwrap();
             metrics.record_create(true, false, ClaimOwner::POD);
-            let mut out = Vec::new();
-            prometheus::TextEncoder::new()
-                .encode(&registry.gather(), &mut out)
-                .unwrap();
-            let text = String::from_utf8(out).unwrap();
+            let text = exposition(&registry);
             let series = |prefix: &str| text.lines().filter(|l| l.starts_with(prefix)).count();
             assert_eq!(
                 series(present),
@@ -469,13 +473,7 @@ mod tests {
         caches.pods.apply("ns/runs".into(), Arc::new(pod));
         let registry = Registry::new();
         ControllerMetrics::register(&registry, caches.clone(), MetricsNaming::Both).unwrap();
-        let text = || {
-            let mut out = Vec::new();
-            prometheus::TextEncoder::new()
-                .encode(&registry.gather(), &mut out)
-                .unwrap();
-            String::from_utf8(out).unwrap()
-        };
+        let text = || exposition(&registry);
         assert!(
             !text().contains("dra_claim_controller_claims"),
             "nothing before the caches are loaded"
@@ -490,5 +488,31 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
+    }
+
+    #[test]
+    fn double_allocation_gauge_counts_shared_devices_once_loaded() {
+        let caches = Arc::new(Caches::new());
+        for name in ["a", "b"] {
+            let claim: ClaimView = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ns", "uid": name},
+                "status": {"allocation": {"devices": {"results": [
+                    {"request": "r", "driver": "gpu", "pool": "n", "device": "gpu-0"}]}}}}))
+            .unwrap();
+            caches.claims.apply(format!("ns/{name}"), Arc::new(claim));
+        }
+        let registry = Registry::new();
+        ControllerMetrics::register(&registry, caches.clone(), MetricsNaming::Both).unwrap();
+        let text = || exposition(&registry);
+        assert!(
+            !text().contains(DOUBLE_NAME),
+            "nothing before the caches are loaded"
+        );
+        caches.mark_synced();
+        let text = text();
+        assert!(
+            text.contains("\ndra_claim_controller_device_double_allocations 1\n"),
+            "{text}"
+        );
     }
 }
