@@ -23,6 +23,25 @@ pub struct DeviceId {
     pub device: String,
 }
 
+impl DeviceId {
+    /// The device an allocation result entry takes from every other claim:
+    /// none for admin access, or for a share of a device that allows
+    /// multiple allocations (`shareID`).
+    pub fn taken_by(
+        driver: &str,
+        pool: &str,
+        device: &str,
+        admin_access: Option<bool>,
+        share_id: Option<&str>,
+    ) -> Option<DeviceId> {
+        (admin_access != Some(true) && share_id.is_none()).then(|| DeviceId {
+            driver: driver.to_string(),
+            pool: pool.to_string(),
+            device: device.to_string(),
+        })
+    }
+}
+
 impl std::fmt::Display for DeviceId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}/{}", self.driver, self.pool, self.device)

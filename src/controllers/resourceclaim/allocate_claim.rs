@@ -211,11 +211,14 @@ fn held(result: &AllocationResult) -> Vec<DeviceId> {
         .devices
         .iter()
         .flat_map(|d| d.results.iter().flatten())
-        .filter(|r| r.admin_access != Some(true))
-        .map(|r| DeviceId {
-            driver: r.driver.clone(),
-            pool: r.pool.clone(),
-            device: r.device.clone(),
+        .filter_map(|r| {
+            DeviceId::taken_by(
+                &r.driver,
+                &r.pool,
+                &r.device,
+                r.admin_access,
+                r.share_id.as_deref(),
+            )
         })
         .collect()
 }

@@ -463,11 +463,14 @@ impl ClaimView {
             .allocation
             .iter()
             .flat_map(|a| &a.devices.results)
-            .filter(|r| r.admin_access != Some(true) && r.share_id.is_none())
-            .map(|r| crate::allocate::DeviceId {
-                driver: r.driver.clone(),
-                pool: r.pool.clone(),
-                device: r.device.clone(),
+            .filter_map(|r| {
+                crate::allocate::DeviceId::taken_by(
+                    &r.driver,
+                    &r.pool,
+                    &r.device,
+                    r.admin_access,
+                    r.share_id.as_deref(),
+                )
             })
     }
     pub fn is_deleting(&self) -> bool {
