@@ -1,17 +1,7 @@
 //! The `workqueue_*` metrics, with client-go's names, help texts, buckets
 //! and `name` label.
 
-use std::fmt::Debug;
-use std::hash::Hash;
-use std::sync::Weak;
-use std::time::Instant;
-
-use prometheus::core::{Collector, Desc};
-use prometheus::proto::MetricFamily;
 use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Opts};
-
-use super::lock;
-use super::queue::Inner;
 
 /// The client-go workqueue metrics of one queue. Each metric carries the
 /// queue name as a constant `name` label: descriptors then differ per queue,
@@ -82,51 +72,5 @@ impl Metrics {
             ))
             .expect(VALID),
         }
-    }
-}
-
-/// Exposes a queue's metrics; computes the in-progress gauges at scrape time
-/// so they are always current without a background ticker.
-pub(super) struct QueueCollector<K> {
-    pub(super) metrics: Metrics,
-    /// Weak, so a registry outliving the queue does not keep it alive.
-    pub(super) queue: Weak<Inner<K>>,
-}
-
-impl<K> Collector for QueueCollector<K>
-where
-    K: Clone + Eq + Hash + Send + Sync + Debug + 'static,
-{
-    fn desc(&self) -> Vec<&Desc> {
-        let m = &self.metrics;
-        [
-            m.depth.desc(),
-            m.adds.desc(),
-            m.queue_duration.desc(),
-            m.work_duration.desc(),
-            m.unfinished_work.desc(),
-            m.longest_running.desc(),
-            m.retries.desc(),
-        ]
-        .concat()
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        let m = &self.metrics;
-        let (total, longest) = self.queue.upgrade().map_or((0.0, 0.0), |inner| {
-            lock(&inner.state).in_progress(Instant::now())
-        });
-        m.unfinished_work.set(total);
-        m.longest_running.set(longest);
-        [
-            m.depth.collect(),
-            m.adds.collect(),
-            m.queue_duration.collect(),
-            m.work_duration.collect(),
-            m.unfinished_work.collect(),
-            m.longest_running.collect(),
-            m.retries.collect(),
-        ]
-        .concat()
     }
 }

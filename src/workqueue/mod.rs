@@ -22,17 +22,10 @@ mod delaying_queue;
 mod metrics;
 mod queue;
 mod rate_limiting_queue;
+mod shared;
 #[cfg(test)]
 mod tests;
-
-use std::sync::{Mutex, MutexGuard, PoisonError};
+mod waiting;
 
 pub use default_rate_limiters::{RateLimiter, TokenBucket};
 pub use queue::WorkQueue;
-
-/// Locks a mutex, ignoring poisoning: the critical sections only make small
-/// map and queue updates, so a panic elsewhere (e.g. in a worker holding no
-/// lock of ours) must not make the whole queue unusable.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}

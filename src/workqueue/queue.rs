@@ -12,78 +12,9 @@ use prometheus::Registry;
 use tokio::sync::Notify;
 
 use super::default_rate_limiters::RateLimiter;
-use super::delaying_queue::Waiting;
-use super::lock;
-use super::metrics::{Metrics, QueueCollector};
-
-pub(super) struct State<K> {
-    /// Keys ready to be handed out, in order; never contains a key that is
-    /// being processed.
-    pub(super) queue: VecDeque<K>,
-    /// Keys that need processing, with the time they were added (for
-    /// `queue_duration`). A key both here and in `processing` is re-queued
-    /// on `done`.
-    pub(super) dirty: HashMap<K, Instant>,
-    /// Keys handed to a worker, with the time `get` returned them.
-    pub(super) processing: HashMap<K, Instant>,
-    pub(super) waiting: Waiting<K>,
-    /// The task moving `waiting` keys into the queue, started on first use.
-    pub(super) timer: Option<tokio::task::JoinHandle<()>>,
-    pub(super) shutting_down: bool,
-}
-
-impl<K: Clone + Eq + Hash> State<K> {
-    /// Marks `key` dirty; returns whether it was queued (a getter should be
-    /// woken).
-    pub(super) fn add(&mut self, key: K, metrics: &Metrics) -> bool {
-        if self.shutting_down || self.dirty.contains_key(&key) {
-            return false;
-        }
-        metrics.adds.inc();
-        let queued = !self.processing.contains_key(&key);
-        if queued {
-            self.queue.push_back(key.clone());
-        }
-        self.dirty.insert(key, Instant::now());
-        metrics.depth.set(gauge_value(self.dirty.len()));
-        queued
-    }
-
-    /// Seconds spent so far by all in-flight keys, and by the longest one.
-    pub(super) fn in_progress(&self, now: Instant) -> (f64, f64) {
-        self.processing
-            .values()
-            .map(|started| now.saturating_duration_since(*started).as_secs_f64())
-            .fold((0.0, 0.0), |(total, longest), secs| {
-                (total + secs, f64::max(longest, secs))
-            })
-    }
-}
-
-fn gauge_value(len: usize) -> i64 {
-    i64::try_from(len).unwrap_or(i64::MAX)
-}
-
-pub(super) struct Inner<K> {
-    pub(super) name: String,
-    pub(super) state: Mutex<State<K>>,
-    pub(super) limiter: Mutex<RateLimiter<K>>,
-    /// Signalled when a key is queued (one waiter) or on shutdown (all).
-    pub(super) ready: Notify,
-    /// Signalled when the last in-flight key is done.
-    pub(super) idle: Notify,
-    /// Wakes the delay timer task: new earliest deadline, shutdown, or drop.
-    /// Shared separately because the task holds only a `Weak<Inner>`.
-    pub(super) timer_wake: Arc<Notify>,
-    pub(super) metrics: Metrics,
-}
-
-impl<K> Drop for Inner<K> {
-    fn drop(&mut self) {
-        // Lets the timer task notice that the queue is gone and exit.
-        self.timer_wake.notify_one();
-    }
-}
+use super::metrics::Metrics;
+use super::shared::{Inner, QueueCollector, State, gauge_value, lock};
+use super::waiting::Waiting;
 
 /// A deduplicating, rate-limited work queue of keys `K`.
 ///

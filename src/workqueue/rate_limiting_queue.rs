@@ -4,8 +4,8 @@
 use std::fmt::Debug;
 use std::hash::Hash;
 
-use super::lock;
 use super::queue::WorkQueue;
+use super::shared::lock;
 
 impl<K> WorkQueue<K>
 where
