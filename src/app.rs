@@ -8,10 +8,10 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::cli::Args;
-use crate::client::{ClientOptions, build_client};
 use crate::controllers::resourceclaim::Controller;
-use crate::http::{Health, start_servers};
-use crate::leader::{LeaderElection, LeaderElectionOptions};
+use crate::runtime::client::{ClientOptions, build_client};
+use crate::runtime::http::{Health, start_servers};
+use crate::runtime::leader::{LeaderElection, LeaderElectionOptions};
 
 use tracing_subscriber::EnvFilter;
 

@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use crate::client::{DEFAULT_BURST, DEFAULT_QPS};
-use crate::http::BindAddress;
-use crate::leader::{
+use crate::runtime::client::{DEFAULT_BURST, DEFAULT_QPS};
+use crate::runtime::http::BindAddress;
+use crate::runtime::leader::{
     DEFAULT_LEASE_DURATION, DEFAULT_LEASE_NAME, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD,
 };
 
-use crate::controllers::resourceclaim::features::FeatureGateFlag;
 use crate::controllers::resourceclaim::metrics::MetricsNaming;
+use crate::model::features::FeatureGateFlag;
 
 #[derive(Debug, Clone, Parser)]
 #[command(

@@ -24,13 +24,9 @@
 pub mod allocate;
 pub mod app;
 pub mod cli;
-pub mod client;
 pub mod controllers;
-pub mod exposition;
-pub mod http;
-pub mod informer;
 pub mod inspect;
-pub mod leader;
+pub mod model;
 pub mod naming;
-pub mod reachability;
+pub mod runtime;
 pub mod workqueue;

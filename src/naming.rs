@@ -15,9 +15,6 @@ pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-na
 pub const EXTENDED_RESOURCE_CLAIM_ANNOTATION: &str =
     "resource.kubernetes.io/extended-resource-claim";
 
-/// Finalizer the scheduler adds when it allocates a claim.
-pub const DELETE_PROTECTION_FINALIZER: &str = "resource.kubernetes.io/delete-protection";
-
 /// Field manager for the server-side apply of `pod.status.resourceClaimStatuses`;
 /// the same as kube-controller-manager's, so ownership of the field carries over.
 pub const FIELD_MANAGER: &str = "ResourceClaimController";

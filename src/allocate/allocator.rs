@@ -16,8 +16,9 @@ use k8s_openapi::api::resource::v1::{
     DeviceRequestAllocationResult, DeviceSelector, DeviceTaint, DeviceToleration, ResourceClaim,
 };
 
-use super::inventory::{DeviceId, Inventory, NodeDevice};
+use super::inventory::{Inventory, NodeDevice};
 use super::selector::{AttributeValue, Selector};
+use crate::model::DeviceId;
 
 /// The most devices one claim may be allocated (the API's limit).
 pub const MAX_DEVICES_PER_CLAIM: usize = 32;

@@ -14,39 +14,7 @@ use k8s_openapi::api::resource::v1::{Device, DeviceTaint, ResourceSlice};
 use super::quantity::Quantity;
 use super::selector::{AttributeValue, DeviceFacts};
 use super::semver::Version;
-
-/// A device by the names an allocation result uses.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
-pub struct DeviceId {
-    pub driver: String,
-    pub pool: String,
-    pub device: String,
-}
-
-impl DeviceId {
-    /// The device an allocation result entry takes from every other claim:
-    /// none for admin access, or for a share of a device that allows
-    /// multiple allocations (`shareID`).
-    pub fn taken_by(
-        driver: &str,
-        pool: &str,
-        device: &str,
-        admin_access: Option<bool>,
-        share_id: Option<&str>,
-    ) -> Option<DeviceId> {
-        (admin_access != Some(true) && share_id.is_none()).then(|| DeviceId {
-            driver: driver.to_string(),
-            pool: pool.to_string(),
-            device: device.to_string(),
-        })
-    }
-}
-
-impl std::fmt::Display for DeviceId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}/{}", self.driver, self.pool, self.device)
-    }
-}
+use crate::model::DeviceId;
 
 /// One device of the node.
 #[derive(Clone, Debug)]

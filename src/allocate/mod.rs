@@ -15,4 +15,4 @@ pub mod semver;
 mod tests;
 
 pub use allocator::{AllocationInput, Outcome, allocate};
-pub use inventory::{DeviceId, Inventory, node_inventory};
+pub use inventory::{Inventory, node_inventory};

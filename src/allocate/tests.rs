@@ -9,7 +9,8 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
 
 use super::allocator::{AllocationInput, Outcome, allocate};
-use super::inventory::{DeviceId, node_inventory};
+use super::inventory::node_inventory;
+use crate::model::DeviceId;
 
 const NODE: &str = "node-1";
 

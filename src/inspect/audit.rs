@@ -7,11 +7,11 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::jiff::Timestamp;
 
-use super::classify::{ClaimFacts, problems};
 use super::drain::{DrainScope, matters_to_node};
 use super::placement::{DevicePlacement, device_placement};
 use super::report::{AuditFinding, AuditReport, AuditScope, Finding, REPORT_API_VERSION};
 use super::snapshot::{Snapshot, claim_ref, devices, named_pods};
+use crate::model::classify::{ClaimFacts, problems};
 
 /// Whether the claim is in the audit's scope. The reader has already
 /// narrowed claims to the namespace.
@@ -105,7 +105,7 @@ pub fn audit(snapshot: &Snapshot, scope: AuditScope, now: Timestamp) -> AuditRep
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controllers::resourceclaim::views::PodView;
+    use crate::model::views::PodView;
     use serde_json::json;
 
     fn snapshot() -> Snapshot {

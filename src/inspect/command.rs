@@ -13,7 +13,7 @@ use super::drain::{DEFAULT_FINISHED_GRACE, DrainScope, check, unknown_target};
 use super::read::{ReadError, Reader};
 use super::report::{AuditScope, DrainCheckReport, Finding, exit};
 use crate::cli::FlagDuration;
-use crate::client::{ClientOptions, DEFAULT_BURST, DEFAULT_QPS, build_client};
+use crate::runtime::client::{ClientOptions, DEFAULT_BURST, DEFAULT_QPS, build_client};
 
 /// The read-only commands.
 #[derive(Debug, Clone, Subcommand)]

@@ -21,11 +21,11 @@ use std::time::Duration;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::jiff::Timestamp;
 
-use super::classify::{ClaimFacts, PodRef, PodState, pod_consumers, problems};
 use super::placement::allocation_serves;
 use super::report::{ClaimRef, DrainCheckReport, Finding};
 use super::snapshot::{Snapshot, claim_ref, devices, named_pods};
-use crate::controllers::resourceclaim::views::PodView;
+use crate::model::classify::{ClaimFacts, PodRef, PodState, pod_consumers, problems};
+use crate::model::views::PodView;
 
 /// How long after its containers finished a pod still counts as holding
 /// its devices: the kubelet unprepares them during the pod's cleanup.
@@ -293,9 +293,9 @@ pub fn check(snapshot: &Snapshot, scope: DrainScope<'_>, now: Timestamp) -> Drai
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controllers::resourceclaim::views::PodView;
     use crate::inspect::placement::NodeFacts;
     use crate::inspect::report::{DrainCheckReport, Verdict};
+    use crate::model::views::PodView;
     use serde_json::{Value, json};
 
     const NODE: &str = "gpu-1";

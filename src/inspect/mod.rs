@@ -9,7 +9,6 @@
 //! - [`command`]: the subcommands of both binaries.
 
 pub mod audit;
-pub mod classify;
 pub mod command;
 pub mod drain;
 pub mod placement;

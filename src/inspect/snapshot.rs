@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
-use super::classify::{ClaimFacts, is_pod_consumer};
 use super::placement::NodeFacts;
 use super::report::{ClaimRef, DeviceRef};
-use crate::controllers::resourceclaim::views::PodView;
+use crate::model::classify::ClaimFacts;
+use crate::model::consumers::is_pod_consumer;
+use crate::model::views::PodView;
 use crate::naming::controlling_pod;
 
 #[derive(Debug, Default, Clone)]

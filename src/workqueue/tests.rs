@@ -1,7 +1,9 @@
 //! The work queue's tests: semantics, backoff arithmetic, metrics.
 
+use super::shared::lock;
 use super::*;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use prometheus::Registry;

@@ -15,9 +15,10 @@ use tracing::{debug, info, warn};
 
 use super::allocation::Allocation;
 use super::context::Context;
-use super::error::{SyncError, kube_err};
-use super::views::{ClaimView, PodView};
-use crate::allocate::{self, AllocationInput, DeviceId, Inventory, Outcome};
+use crate::allocate::{self, AllocationInput, Inventory, Outcome};
+use crate::model::DeviceId;
+use crate::model::views::{ClaimView, PodView};
+use crate::runtime::error::{SyncError, kube_err};
 
 /// Event reason for a claim the allocator could not allocate.
 pub const REASON_ALLOCATION_FAILED: &str = "FailedResourceClaimAllocation";
@@ -100,7 +101,7 @@ pub async fn allocate_for_pod(
         .into_iter()
         .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
         .collect();
-    let pod_key = super::cache::object_key(ns, pod.name());
+    let pod_key = crate::runtime::store::object_key(ns, pod.name());
     let gates = (ctx.gates.admin_access, ctx.gates.prioritized_list);
     let to_plan: Vec<&ResourceClaim> = claims.iter().map(|(c, _)| c).collect();
     let plan = match plan(&to_plan, &classes, node, &inventory, in_use, gates) {
@@ -111,7 +112,7 @@ pub async fn allocate_for_pod(
             if state.wait(&pod_key, node, &message) {
                 warn!(claim = %claim_name, node, reason = %why, "cannot allocate claim");
                 ctx.events
-                    .warn(pod, REASON_ALLOCATION_FAILED, &message)
+                    .warn(&pod.involved(), REASON_ALLOCATION_FAILED, &message)
                     .await;
             } else {
                 debug!(claim = %claim_name, node, reason = %why, "still cannot allocate claim");
@@ -280,7 +281,7 @@ async fn write(
         .patch_status(name, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await;
     if let Err(err) = written {
-        if !super::pod::may_have_committed(&err) {
+        if !crate::runtime::error::may_have_committed(&err) {
             state.forget_written(uid);
         }
         ctx.metrics.record_allocation("failed");

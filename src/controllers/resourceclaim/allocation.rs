@@ -13,9 +13,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::Deserialize;
 
-use super::cache::Store;
-use super::views::ClaimView;
-use crate::allocate::DeviceId;
+use crate::model::DeviceId;
+use crate::model::views::ClaimView;
+use crate::runtime::store::Store;
 
 /// A Node: only its name matters (the watch's label selector did the rest).
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -184,22 +184,6 @@ impl Allocation {
     }
 }
 
-/// Devices held by more than one claim (admin access aside): what the
-/// safety-net gauge counts. Must be 0.
-pub fn double_allocations<'a>(claims: impl IntoIterator<Item = &'a ClaimView>) -> usize {
-    let mut holders: HashMap<DeviceId, usize> = HashMap::new();
-    for claim in claims {
-        let mut mine: Vec<DeviceId> = claim.held_devices().collect();
-        // A claim listing a device twice is not two claims holding it.
-        mine.sort();
-        mine.dedup();
-        for device in mine {
-            *holders.entry(device).or_default() += 1;
-        }
-    }
-    holders.values().filter(|n| **n > 1).count()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,19 +246,6 @@ mod tests {
         assert!(state.in_use(&[], &HashSet::new()).contains(&id("gpu-3")));
         state.claim_read(&read("9"));
         assert!(state.in_use(&[], &HashSet::new()).is_empty());
-    }
-
-    #[test]
-    fn double_allocations_count_devices_not_claims() {
-        let claims = [
-            claim("a", &[("gpu-0", false), ("gpu-1", false)]),
-            claim("b", &[("gpu-0", false)]),
-            claim("c", &[("gpu-0", false), ("gpu-1", false)]),
-            claim("d", &[("gpu-2", true)]),
-            claim("e", &[("gpu-2", false)]),
-        ];
-        assert_eq!(double_allocations(&claims), 2);
-        assert_eq!(double_allocations(&claims[3..]), 0);
     }
 
     #[test]

@@ -10,10 +10,10 @@ use tracing::info;
 
 use super::Controller;
 use super::allocation::{Allocation, NodeView};
-use super::cache::Store;
 use super::enqueue::WorkKey;
-use super::views::ClaimView;
-use crate::informer::Handler;
+use crate::model::views::ClaimView;
+use crate::runtime::informer::Handler;
+use crate::runtime::store::Store;
 
 fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
     meta.name.clone().unwrap_or_default()

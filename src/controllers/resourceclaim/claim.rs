@@ -11,12 +11,15 @@ use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use tracing::{debug, info};
 
-use super::cache::{Caches, object_key};
+use super::cache::Caches;
 use super::context::Context;
-use super::error::{SyncError, kube_err};
 use super::patch;
-use super::views::ClaimView;
-use crate::naming::{DELETE_PROTECTION_FINALIZER, controlling_pod};
+use crate::model::consumers::DELETE_PROTECTION_FINALIZER;
+use crate::model::consumers::{is_pod_consumer, is_pod_group_consumer};
+use crate::model::views::ClaimView;
+use crate::naming::controlling_pod;
+use crate::runtime::error::{SyncError, kube_err};
+use crate::runtime::store::object_key;
 
 /// What a live GET said about a pod named in `reservedFor`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +38,7 @@ pub enum LivePod {
 impl LivePod {
     /// What the API server's answer for the pod named in a reservation of
     /// the pod with `uid` means.
-    pub fn of(pod: Option<&super::views::PodView>, uid: &str) -> Self {
+    pub fn of(pod: Option<&crate::model::views::PodView>, uid: &str) -> Self {
         match pod {
             Some(pod) if pod.uid() == uid && pod.is_done() => LivePod::Done,
             Some(pod) if pod.uid() == uid => LivePod::Active,
@@ -66,17 +69,6 @@ pub enum ClaimDecision {
     /// As `NeedLiveLookup`, for PodGroups (DRAWorkloadResourceClaims on).
     NeedGroupLookup(Vec<(String, String)>),
     Act(ClaimActions),
-}
-
-/// Whether a `reservedFor` entry names a core pod.
-pub fn is_pod_consumer(r: &ResourceClaimConsumerReference) -> bool {
-    r.api_group.as_deref().unwrap_or_default().is_empty() && r.resource == "pods"
-}
-
-/// A `reservedFor` entry naming a PodGroup.
-pub fn is_pod_group_consumer(r: &ResourceClaimConsumerReference) -> bool {
-    r.api_group.as_deref() == Some(super::views::PodGroupApi::GROUP)
-        && r.resource == super::views::PodGroupApi::PLURAL
 }
 
 /// Decides claim work. `live` holds answers for pods by UID.
@@ -279,7 +271,8 @@ async fn lookup_pod_group(
     let Some(api) = ctx.caches.pod_group_api() else {
         return Ok(LivePod::Active);
     };
-    let groups: Api<super::views::PodGroupView> = Api::namespaced_with(ctx.client.clone(), ns, api);
+    let groups: Api<crate::model::views::PodGroupView> =
+        Api::namespaced_with(ctx.client.clone(), ns, api);
     let group = groups.get_opt(name).await.map_err(kube_err(format_args!(
         "looking up PodGroup {ns}/{name} reserved in a claim"
     )))?;
@@ -290,7 +283,7 @@ async fn lookup_pod_group(
 }
 
 async fn lookup_pod(ctx: &Context, ns: &str, name: &str, uid: &str) -> Result<LivePod, SyncError> {
-    let api: Api<super::views::PodView> = Api::namespaced(ctx.client.clone(), ns);
+    let api: Api<crate::model::views::PodView> = Api::namespaced(ctx.client.clone(), ns);
     let pod = api.get_opt(name).await.map_err(kube_err(format_args!(
         "looking up pod {ns}/{name} reserved in a claim"
     )))?;

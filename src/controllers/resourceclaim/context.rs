@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::cache::Caches;
-use super::events::EventRecorder;
 use super::metrics::ControllerMetrics;
-use crate::controllers::resourceclaim::features::FeatureGates;
-use crate::reachability::Reachability;
+use crate::model::features::FeatureGates;
+use crate::runtime::events::EventRecorder;
+use crate::runtime::reachability::Reachability;
 
 /// How a sync that did not fail ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,16 +7,18 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use super::cache::{Caches, object_key};
+use super::cache::Caches;
 use super::claim::{self, ClaimActions, ClaimDecision, LivePod};
 use super::enqueue::pod_needs_work;
 use super::observe::first_sight;
-use super::patch::pod_consumer;
 use super::pod::{self, EntryAction};
 use super::test_support::merge;
-use super::views::{ClaimView, PodView, TemplateView};
-use crate::controllers::resourceclaim::features::FeatureGates;
-use crate::naming::{DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION};
+use crate::model::consumers::DELETE_PROTECTION_FINALIZER;
+use crate::model::consumers::pod_consumer;
+use crate::model::features::FeatureGates;
+use crate::model::views::{ClaimView, PodView, TemplateView};
+use crate::naming::POD_CLAIM_NAME_ANNOTATION;
+use crate::runtime::store::object_key;
 
 const NS: &str = "my-namespace";
 const POD: &str = "test-pod";

@@ -4,7 +4,7 @@ use std::fmt;
 
 use super::cache::Caches;
 use super::pod::{RecordedClaim, recorded_claim_state};
-use super::views::PodView;
+use crate::model::views::PodView;
 use crate::naming::{ClaimResolution, resolve_claim};
 
 /// A unit of work: a pod or a claim, by namespace and name.
@@ -181,7 +181,7 @@ mod tests {
         owner: &str,
         allocated: bool,
         reserved: &[&str],
-    ) -> Arc<super::super::views::ClaimView> {
+    ) -> Arc<crate::model::views::ClaimView> {
         let reserved: Vec<Value> = reserved
             .iter()
             .map(|u| json!({"resource": "pods", "name": "p", "uid": u}))
@@ -210,7 +210,7 @@ mod tests {
         let cases: Vec<(
             &str,
             Value,
-            Option<Arc<super::super::views::ClaimView>>,
+            Option<Arc<crate::model::views::ClaimView>>,
             bool,
         )> = vec![
             ("not-created", json!({}), None, true),

@@ -9,15 +9,17 @@ use kube::client::Body;
 use serde_json::{Value, json};
 use tower_test::mock;
 
-use super::cache::{Caches, object_key};
+use super::cache::Caches;
 use super::context::{Context, Synced};
-use super::events::EventRecorder;
-use super::features::FeatureGates;
 use super::metrics::{ControllerMetrics, MetricsNaming};
-use super::views::{ClaimView, PodView, TemplateView};
 use super::{claim, observe, pod};
-use crate::naming::{DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION};
-use crate::reachability::Reachability;
+use crate::model::consumers::DELETE_PROTECTION_FINALIZER;
+use crate::model::features::FeatureGates;
+use crate::model::views::{ClaimView, PodView, TemplateView};
+use crate::naming::POD_CLAIM_NAME_ANNOTATION;
+use crate::runtime::events::EventRecorder;
+use crate::runtime::reachability::Reachability;
+use crate::runtime::store::object_key;
 
 type Handle = mock::Handle<Request<Body>, Response<Body>>;
 
@@ -185,7 +187,10 @@ async fn failed_guard_is_a_conflict_and_stops_the_sync() {
         .expect("the sync ends after the failed guard, sending nothing more")
         .unwrap();
     assert!(
-        matches!(result, Err(super::error::SyncError::Conflict { .. })),
+        matches!(
+            result,
+            Err(crate::runtime::error::SyncError::Conflict { .. })
+        ),
         "{result:?}"
     );
     // The client is gone with the finished sync: the mock reports no

@@ -15,10 +15,11 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use super::cache::{Caches, object_key};
-use super::views::ClaimView;
-use crate::inspect::classify::{ClaimFacts, ProblemKind, problems};
+use super::cache::Caches;
+use crate::model::classify::{ClaimFacts, ProblemKind, problems};
+use crate::model::views::ClaimView;
 use crate::naming::{EXTENDED_RESOURCE_CLAIM_ANNOTATION, POD_CLAIM_NAME_ANNOTATION};
+use crate::runtime::store::object_key;
 
 /// kube-controller-manager marks these ALPHA, and says so in the HELP text.
 const CLAIMS_HELP: &str = "[ALPHA] Number of ResourceClaims, categorized by allocation status, admin access, and source. \
@@ -354,7 +355,7 @@ fn problem_counts(caches: &Caches) -> Vec<(&'static str, i64)> {
 /// `dra_claim_controller_device_double_allocations`.
 fn double_allocation_count(caches: &Caches) -> Vec<(&'static str, i64)> {
     let claims = caches.claims.list();
-    let doubles = super::allocation::double_allocations(claims.iter().map(|c| &**c));
+    let doubles = crate::model::device::double_allocations(claims.iter().map(|c| &**c));
     vec![("", i64::try_from(doubles).unwrap_or(i64::MAX))]
 }
 
@@ -465,7 +466,7 @@ mod tests {
                 .claims
                 .apply(format!("ns/{}", claim.name()), Arc::new(claim));
         }
-        let pod: super::super::views::PodView = serde_json::from_value(json!({
+        let pod: crate::model::views::PodView = serde_json::from_value(json!({
             "metadata": {"name": "runs", "namespace": "ns", "uid": "u1"},
             "spec": {"nodeName": "n", "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
             "status": {"phase": "Running"}}))

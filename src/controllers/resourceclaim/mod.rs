@@ -16,15 +16,11 @@ pub mod cache;
 pub mod claim;
 pub mod context;
 pub mod enqueue;
-pub mod error;
-pub mod events;
-pub mod features;
 pub mod metrics;
 pub mod observe;
 pub mod patch;
 pub mod pod;
 pub mod podgroup;
-pub mod views;
 
 mod resync;
 mod watches;
@@ -46,21 +42,23 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::Api;
 use tracing::{debug, info};
 
-use crate::informer::Informer;
-use crate::reachability::Reachability;
+use crate::model::features::FeatureGates;
+use crate::model::views::{self, ClaimView, PodView, TemplateView};
+use crate::runtime::events::EventRecorder;
+use crate::runtime::informer::Informer;
+use crate::runtime::reachability::Reachability;
 use crate::workqueue::WorkQueue;
 use cache::Caches;
 use context::Context;
 use enqueue::{WorkKey, pod_needs_work};
-use events::EventRecorder;
-use features::FeatureGates;
 use metrics::{ControllerMetrics, MetricsNaming};
-use views::{ClaimView, PodView, TemplateView};
 
 pub use context::Synced;
 
 /// The queue name, as kube-controller-manager's (`workqueue_*{name="resource_claim"}`).
 pub const QUEUE_NAME: &str = "resource_claim";
+/// The source of our events, as kube-controller-manager's controller names it.
+pub const EVENT_COMPONENT: &str = "resource_claim";
 
 /// The controller: three informers feeding caches, one queue, N workers.
 pub struct Controller {
@@ -100,7 +98,7 @@ impl Controller {
         let caches = Arc::new(caches);
         let metrics = ControllerMetrics::register(registry, caches.clone(), metrics_naming)?;
         let ctx = Arc::new(Context {
-            events: EventRecorder::new(client.clone(), identity.to_string()),
+            events: EventRecorder::new(client.clone(), EVENT_COMPONENT, identity.to_string()),
             client,
             caches,
             gates,
@@ -184,7 +182,8 @@ impl Controller {
             if let (Some([slices, classes, nodes]), Some(state)) =
                 (&this.allocation_watches, &this.ctx.caches.allocation)
             {
-                let declared = crate::informer::watch_config().labels(&state.node_selector);
+                let declared =
+                    crate::runtime::informer::watch_config().labels(&state.node_selector);
                 tokio::join!(
                     slices.run(Api::<ResourceSlice>::all(client.clone()), this),
                     classes.run(Api::<DeviceClass>::all(client.clone()), this),

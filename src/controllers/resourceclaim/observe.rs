@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use super::views::{PodHistory, PodView};
+use crate::model::views::{PodHistory, PodView};
 
 /// What to do with the pod cache for one observed pod.
 #[derive(Debug)]

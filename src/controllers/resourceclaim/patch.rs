@@ -9,27 +9,7 @@
 use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
 use serde_json::{Value, json};
 
-use super::views::ClaimView;
-
-/// The `reservedFor` entry for a pod (core API group, resource `pods`).
-pub fn pod_consumer(name: &str, uid: &str) -> ResourceClaimConsumerReference {
-    ResourceClaimConsumerReference {
-        api_group: None,
-        resource: "pods".into(),
-        name: name.into(),
-        uid: uid.into(),
-    }
-}
-
-/// The `reservedFor` entry of a PodGroup.
-pub fn pod_group_consumer(name: &str, uid: &str) -> ResourceClaimConsumerReference {
-    ResourceClaimConsumerReference {
-        api_group: Some(super::views::PodGroupApi::GROUP.into()),
-        resource: super::views::PodGroupApi::PLURAL.into(),
-        name: name.into(),
-        uid: uid.into(),
-    }
-}
+use crate::model::views::ClaimView;
 
 fn to_patch(ops: Value) -> json_patch::Patch {
     serde_json::from_value(ops).expect("patch operations are well-formed by construction")
@@ -108,6 +88,7 @@ pub fn remove_finalizer(seen: &ClaimView, finalizer: &str) -> Option<json_patch:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::consumers::pod_consumer;
 
     fn claim(value: Value) -> ClaimView {
         serde_json::from_value(value).unwrap()

@@ -16,16 +16,16 @@ use tracing::{debug, info, warn};
 
 use super::cache::Caches;
 use super::context::{Context, Synced};
-use super::error::{SyncError, kube_err};
-use super::events::Involved;
 use super::metrics::ClaimOwner;
 use super::patch;
-use super::views::{ClaimView, PodGroupView, PodView, TemplateView};
-use crate::controllers::resourceclaim::features::FeatureGates;
+use crate::model::features::FeatureGates;
+use crate::model::views::{ClaimView, PodGroupView, PodView, TemplateView};
 use crate::naming::{
     ClaimResolution, FIELD_MANAGER, POD_CLAIM_NAME_ANNOTATION, generate_name, is_controlled_by,
     is_controlled_by_pod_group, pod_owner_reference, resolve_claim,
 };
+use crate::runtime::error::{SyncError, kube_err};
+use crate::runtime::events::Involved;
 
 /// Event reason for a claim that could not be created (same as kube-controller-manager's).
 pub const REASON_CREATION_FAILED: &str = "FailedResourceClaimCreation";
@@ -290,7 +290,7 @@ pub fn usable_template(
     caches: &Caches,
     gates: FeatureGates,
 ) -> Result<Arc<TemplateView>, String> {
-    let key = super::cache::object_key(namespace, template_name);
+    let key = crate::runtime::store::object_key(namespace, template_name);
     let Some(template) = caches.templates.get(&key) else {
         return Err(format!(
             "ResourceClaimTemplate {key} not found: create it, or fix \
@@ -387,18 +387,16 @@ fn decide_reservations(
         }
         if claim.is_reserved_for(pod.uid())
             || group.is_some_and(|g| {
-                claim
-                    .status
-                    .reserved_for
-                    .iter()
-                    .any(|r| super::claim::is_pod_group_consumer(r) && r.name == g.name())
+                claim.status.reserved_for.iter().any(|r| {
+                    crate::model::consumers::is_pod_group_consumer(r) && r.name == g.name()
+                })
             })
         {
             continue;
         }
         let consumer = || match bound {
-            Some(g) => patch::pod_group_consumer(g.name(), g.uid()),
-            None => patch::pod_consumer(pod.name(), pod.uid()),
+            Some(g) => crate::model::consumers::pod_group_consumer(g.name(), g.uid()),
+            None => crate::model::consumers::pod_consumer(pod.name(), pod.uid()),
         };
         if claim.is_allocated() {
             let consumer = consumer();
@@ -468,7 +466,7 @@ pub async fn perform_entries(
                 }
                 Err(err) => {
                     ctx.metrics.record_create(false, admin_access, owner);
-                    if may_have_committed(&err) {
+                    if crate::runtime::error::may_have_committed(&err) {
                         ctx.caches.mark_uncertain_create(owner_uid, &entry);
                     }
                     failures.push((entry, format!("creating ResourceClaim failed: {err}")));
@@ -503,7 +501,7 @@ pub async fn execute(
     )
     .await;
     let owner = EntryOwner {
-        involved: Involved::pod(pod),
+        involved: pod.involved(),
         entry_kind: "PodResourceClaim",
         owner_word: "pod",
     };
@@ -598,7 +596,7 @@ async fn warn_if_still_unallocated(
     let node = pod.node_name().unwrap_or_default();
     ctx.events
         .warn(
-            pod,
+            &pod.involved(),
             REASON_NOT_ALLOCATED,
             &not_allocated_message(claim_name, node),
         )
@@ -637,7 +635,7 @@ async fn report_missing_claim(
     warn!(entry, claim = %claim_name, node, "recorded claim of a pod on a node is gone; not replacing it");
     ctx.events
         .warn(
-            pod,
+            &pod.involved(),
             REASON_CLAIM_MISSING,
             &format!(
                 "ResourceClaim {claim_name} of PodResourceClaim {entry} was deleted (or is no longer \
@@ -688,17 +686,6 @@ async fn create_unless_committed(
         .create(&PostParams::default(), body)
         .map_err(kube::Error::BuildRequest)?;
     ctx.client.request::<ClaimView>(req).await
-}
-
-/// Whether a failed create may still have been committed: server errors,
-/// timeouts and lost connections. 4xx answers (429 included) mean the
-/// request was refused before anything was written.
-pub fn may_have_committed(err: &kube::Error) -> bool {
-    match err {
-        kube::Error::Api(status) => status.code >= 500,
-        kube::Error::SerdeError(_) | kube::Error::BuildRequest(_) => false,
-        _ => true,
-    }
 }
 
 /// The `status.resourceClaimStatuses` list of an apply: every entry, in
@@ -770,7 +757,7 @@ where
     for (entry, reason) in &outcome.failures {
         warn!(entry = %entry, reason = %reason, owner = word, "cannot provide claim");
         ctx.events
-            .warn_about(
+            .warn(
                 &owner.involved,
                 REASON_CREATION_FAILED,
                 &format!("{} {entry}: {reason}", owner.entry_kind),

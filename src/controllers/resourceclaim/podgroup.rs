@@ -12,17 +12,18 @@ use std::collections::BTreeMap;
 use kube::api::Api;
 use tracing::info;
 
-use super::cache::{Caches, object_key};
+use super::cache::Caches;
 use super::context::Context;
-use super::error::SyncError;
-use super::events::Involved;
-use super::features::FeatureGates;
 use super::metrics::ClaimOwner;
 use super::pod::{
     EntryAction, EntryOwner, generated_claim, perform_entries, record_entries, usable_template,
 };
-use super::views::{PodGroupApi, PodGroupView};
+use crate::model::features::FeatureGates;
+use crate::model::views::{PodGroupApi, PodGroupView};
 use crate::naming::{is_controlled_by, pod_group_owner_reference};
+use crate::runtime::error::SyncError;
+use crate::runtime::events::Involved;
+use crate::runtime::store::object_key;
 
 /// The `owner_api_*` labels of claims made for PodGroups.
 pub const GROUP_OWNER: ClaimOwner = ClaimOwner {
@@ -174,9 +175,9 @@ pub async fn execute(
 pub fn members(
     group: &PodGroupView,
     caches: &Caches,
-) -> Vec<std::sync::Arc<super::views::PodView>> {
+) -> Vec<std::sync::Arc<crate::model::views::PodView>> {
     caches.pods.by_index(
-        super::cache::PODS_BY_GROUP,
+        crate::model::indexes::PODS_BY_GROUP,
         &object_key(group.namespace(), group.name()),
     )
 }

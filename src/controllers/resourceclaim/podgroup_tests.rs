@@ -7,15 +7,16 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use super::cache::{Caches, object_key};
+use super::cache::Caches;
 use super::claim::{self, ClaimDecision};
-use super::features::FeatureGates;
 use super::observe::first_sight;
 use super::pod::{self, EntryAction};
 use super::podgroup;
 use super::test_support::merge;
-use super::views::{ClaimView, PodGroupApi, PodGroupView, PodView, TemplateView};
+use crate::model::features::FeatureGates;
+use crate::model::views::{ClaimView, PodGroupApi, PodGroupView, PodView, TemplateView};
 use crate::naming::POD_CLAIM_NAME_ANNOTATION;
+use crate::runtime::store::object_key;
 
 const NS: &str = "my-namespace";
 const GROUP: &str = "test-podgroup";

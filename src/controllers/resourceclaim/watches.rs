@@ -7,14 +7,13 @@ use std::time::Instant;
 use tracing::info;
 
 use super::Controller;
-use super::cache::{
-    GROUPS_BY_CLAIM, GROUPS_BY_TEMPLATE, PODS_BY_CLAIM, PODS_BY_TEMPLATE, object_key,
-};
 use super::enqueue::{WorkKey, keys_for_pod_event};
 use super::observe::observe;
 use super::podgroup;
-use super::views::{ClaimView, PodGroupView, PodView, TemplateView};
-use crate::informer::Handler;
+use crate::model::indexes::{GROUPS_BY_CLAIM, GROUPS_BY_TEMPLATE, PODS_BY_CLAIM, PODS_BY_TEMPLATE};
+use crate::model::views::{ClaimView, PodGroupView, PodView, TemplateView};
+use crate::runtime::informer::Handler;
+use crate::runtime::store::object_key;
 
 impl Handler<PodView> for Controller {
     fn admit(&self, pod: PodView) -> Option<PodView> {

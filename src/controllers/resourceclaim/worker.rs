@@ -7,11 +7,11 @@ use std::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::Controller;
-use super::cache::object_key;
 use super::context::Synced;
 use super::enqueue::WorkKey;
-use super::error::SyncError;
 use super::{claim, pod, podgroup};
+use crate::runtime::error::SyncError;
+use crate::runtime::store::object_key;
 
 impl Controller {
     /// Runs `workers` workers until the queue is shut down.

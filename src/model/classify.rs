@@ -12,10 +12,9 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimConsumerReferen
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::controllers::resourceclaim::views::{ClaimView, PodView};
-use crate::naming::{
-    DELETE_PROTECTION_FINALIZER, EXTENDED_RESOURCE_CLAIM_ANNOTATION, POD_CLAIM_NAME_ANNOTATION,
-};
+use super::consumers::DELETE_PROTECTION_FINALIZER;
+use super::views::{ClaimView, PodView};
+use crate::naming::{EXTENDED_RESOURCE_CLAIM_ANNOTATION, POD_CLAIM_NAME_ANNOTATION};
 
 /// A claim deleted longer ago than this while its finalizer is still set
 /// counts as stuck. The claim controller removes the finalizer within
@@ -222,7 +221,7 @@ impl Problem {
     }
 }
 
-pub use crate::controllers::resourceclaim::claim::is_pod_consumer;
+use super::consumers::is_pod_consumer;
 
 /// The pods `reservedFor` names, with their states.
 pub fn pod_consumers(

@@ -261,6 +261,18 @@ pub struct ExtendedClaimRef {
 namespaced_resource!(PodView, "", "v1", "Pod", "pods");
 
 impl PodView {
+    /// The pod as the object a Warning event is about.
+    pub fn involved(&self) -> crate::runtime::events::Involved<'_> {
+        crate::runtime::events::Involved {
+            api_version: "v1".into(),
+            kind: "Pod",
+            name: self.name(),
+            namespace: self.namespace(),
+            uid: self.uid(),
+            resource_version: self.metadata.resource_version.as_deref(),
+        }
+    }
+
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
     }
@@ -458,13 +470,13 @@ impl ClaimView {
 
     /// The devices this claim takes from others: every allocated device
     /// except those held with admin access (which share a device).
-    pub fn held_devices(&self) -> impl Iterator<Item = crate::allocate::DeviceId> + '_ {
+    pub fn held_devices(&self) -> impl Iterator<Item = crate::model::DeviceId> + '_ {
         self.status
             .allocation
             .iter()
             .flat_map(|a| &a.devices.results)
             .filter_map(|r| {
-                crate::allocate::DeviceId::taken_by(
+                crate::model::DeviceId::taken_by(
                     &r.driver,
                     &r.pool,
                     &r.device,
@@ -664,6 +676,18 @@ impl TemplateView {
             .get("spec")
             .cloned()
             .unwrap_or_else(|| serde_json::json!({}))
+    }
+}
+
+impl crate::runtime::store::HasUid for PodView {
+    fn uid(&self) -> &str {
+        PodView::uid(self)
+    }
+}
+
+impl crate::runtime::store::HasUid for PodGroupView {
+    fn uid(&self) -> &str {
+        PodGroupView::uid(self)
     }
 }
 

@@ -1,4 +1,4 @@
-//! Warning events on pods, as core/v1 Events (what `kubectl describe pod`
+//! Warning events on objects, as core/v1 Events (what `kubectl describe pod`
 //! shows), with the same source component as kube-controller-manager's
 //! controller. Events are written from within a sync, whose span names
 //! the pod.
@@ -18,11 +18,6 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tracing::{debug, warn};
 
-use super::views::PodView;
-
-/// The event source component, as kube-controller-manager's controller sets it.
-pub const COMPONENT: &str = "resource_claim";
-
 /// Repeats within this window update the existing event.
 const AGGREGATION_WINDOW: Duration = Duration::from_secs(600);
 /// Bound on remembered events, so memory stays flat however many pods fail.
@@ -37,6 +32,8 @@ struct Seen {
 /// Writes warning events; failures are logged, never fatal to a sync.
 pub struct EventRecorder {
     client: Option<kube::Client>,
+    /// The event source (`source.component`, `reportingComponent`).
+    component: &'static str,
     host: String,
     seen: Mutex<HashMap<(String, String, String), Seen>>,
 }
@@ -52,23 +49,13 @@ pub struct Involved<'a> {
     pub resource_version: Option<&'a str>,
 }
 
-impl<'a> Involved<'a> {
-    pub fn pod(pod: &'a PodView) -> Self {
-        Involved {
-            api_version: "v1".into(),
-            kind: "Pod",
-            name: pod.name(),
-            namespace: pod.namespace(),
-            uid: pod.uid(),
-            resource_version: pod.metadata.resource_version.as_deref(),
-        }
-    }
-}
-
 impl EventRecorder {
-    pub fn new(client: kube::Client, host: String) -> Self {
+    /// Events from `component` (the source every event names), written by
+    /// the replica `host`.
+    pub fn new(client: kube::Client, component: &'static str, host: String) -> Self {
         EventRecorder {
             client: Some(client),
+            component,
             host,
             seen: Mutex::new(HashMap::new()),
         }
@@ -78,17 +65,14 @@ impl EventRecorder {
     pub fn disabled() -> Self {
         EventRecorder {
             client: None,
+            component: "",
             host: String::new(),
             seen: Mutex::new(HashMap::new()),
         }
     }
 
-    pub async fn warn(&self, pod: &PodView, reason: &str, message: &str) {
-        self.warn_about(&Involved::pod(pod), reason, message).await
-    }
-
-    /// A Warning event about any object.
-    pub async fn warn_about(&self, involved: &Involved<'_>, reason: &str, message: &str) {
+    /// A Warning event about `involved`.
+    pub async fn warn(&self, involved: &Involved<'_>, reason: &str, message: &str) {
         let Some(client) = &self.client else {
             debug!(reason, message, "event (not sent)");
             return;
@@ -147,10 +131,10 @@ impl EventRecorder {
             message: Some(message.into()),
             type_: Some("Warning".into()),
             source: Some(EventSource {
-                component: Some(COMPONENT.into()),
+                component: Some(self.component.into()),
                 host: None,
             }),
-            reporting_component: Some(COMPONENT.into()),
+            reporting_component: Some(self.component.into()),
             reporting_instance: Some(self.host.clone()),
             first_timestamp: Some(now.clone()),
             last_timestamp: Some(now),

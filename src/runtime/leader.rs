@@ -43,7 +43,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use crate::http::Health;
+use crate::runtime::http::Health;
 
 /// Name of the Lease object.
 pub const DEFAULT_LEASE_NAME: &str = "dra-claim-controller";

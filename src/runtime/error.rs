@@ -76,6 +76,17 @@ pub fn kube_err(what: impl fmt::Display) -> impl FnOnce(kube::Error) -> SyncErro
     move |source| SyncError::kube(what, source)
 }
 
+/// Whether a failed create may still have been committed: server errors,
+/// timeouts and lost connections. 4xx answers (429 included) mean the
+/// request was refused before anything was written.
+pub fn may_have_committed(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(status) => status.code >= 500,
+        kube::Error::SerdeError(_) | kube::Error::BuildRequest(_) => false,
+        _ => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,16 @@
+//! What DRA objects mean, shared by the controllers and the admin
+//! commands: slim views of pods, claims, templates, PodGroups and nodes
+//! ([`views`]), the stores' indexes ([`indexes`]), who consumes a claim
+//! ([`consumers`]), devices and double allocations ([`device`]), the claim
+//! classifier behind `drain-check`, `audit` and the controller's gauges
+//! ([`classify`]), and the feature gates ([`features`]). Uses the runtime's
+//! types; knows no controller.
+
+pub mod classify;
+pub mod consumers;
+pub mod device;
+pub mod features;
+pub mod indexes;
+pub mod views;
+
+pub use device::DeviceId;

@@ -1,0 +1,16 @@
+//! The controller runtime: what any Kubernetes controller of ours needs,
+//! knowing no DRA type. Client and request budget ([`client`]), watches
+//! ([`informer`]) feeding indexed stores ([`store`]), errors that decide
+//! retries ([`error`]), Warning events ([`events`]), holding work through
+//! an API server outage ([`reachability`]), Lease election ([`leader`]),
+//! and the HTTP endpoints with their exposition ([`http`], [`exposition`]).
+
+pub mod client;
+pub mod error;
+pub mod events;
+pub mod exposition;
+pub mod http;
+pub mod informer;
+pub mod leader;
+pub mod reachability;
+pub mod store;
