@@ -8,6 +8,9 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::cli::Args;
+use std::sync::Arc;
+
+use crate::controllers::allocator::{Controller as Allocator, SharedStores};
 use crate::controllers::resourceclaim::Controller;
 use crate::runtime::client::{ClientOptions, build_client};
 use crate::runtime::http::{Health, start_servers};
@@ -156,24 +159,72 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         None
     };
     let allocate_on_nodes = declared_nodes(&client, &args.allocate_on_nodes).await?;
+    let gates = args.feature_gates.gates;
+    // The allocator's declared nodes are created first: the claim
+    // controller reads them to know whose claims are allocated here.
+    let declared = allocate_on_nodes
+        .as_ref()
+        .map(|_| Arc::new(crate::runtime::store::Store::new(Vec::new())));
     let controller = Controller::new(
         client.clone(),
-        args.feature_gates.gates,
+        gates,
         &registry,
         &identity,
         args.metrics_naming,
         pod_group_api,
-        allocate_on_nodes,
+        declared.clone(),
     )?;
+    let allocator = match (allocate_on_nodes, declared) {
+        (Some(selector), Some(nodes)) => {
+            let caches = controller.caches();
+            let allocator = Allocator::new(
+                client.clone(),
+                selector,
+                nodes,
+                SharedStores {
+                    pods: caches.pods.clone(),
+                    claims: caches.claims.clone(),
+                    pod_groups: caches
+                        .pod_groups_enabled()
+                        .then(|| caches.pod_groups.clone()),
+                },
+                gates,
+                &registry,
+                &identity,
+                crate::controllers::resourceclaim::EVENT_COMPONENT,
+                controller.reachability().clone(),
+            )?;
+            // The pod and claim watches fan out to the allocator.
+            controller.observe(allocator.clone(), allocator.clone());
+            tokio::spawn(allocator.clone().run_watches());
+            tokio::spawn(allocator.clone().run_resync(args.min_resync_period.0));
+            Some(allocator)
+        }
+        _ => None,
+    };
     tokio::spawn(controller.clone().run_watches());
     tokio::spawn(controller.clone().run_resync(args.min_resync_period.0));
     tokio::spawn(controller.clone().run_reachability_probe());
+    let synced = {
+        let controller = controller.clone();
+        let allocator = allocator.clone();
+        move || {
+            let controller = controller.clone();
+            let allocator = allocator.clone();
+            async move {
+                controller.wait_synced().await;
+                if let Some(allocator) = &allocator {
+                    allocator.wait_synced().await;
+                }
+            }
+        }
+    };
     {
         // Ready once the caches are loaded; a standby is ready too.
-        let controller = controller.clone();
         let health = health.clone();
+        let synced = synced();
         tokio::spawn(async move {
-            controller.wait_synced().await;
+            synced.await;
             health.set_ready(true);
             info!("caches synced");
         });
@@ -184,7 +235,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     // Stand by until leading (caches warm), or until told to stop.
     tokio::select! {
-        _ = async { leader.wait_until_leader().await; controller.wait_synced().await } => {}
+        _ = async { leader.wait_until_leader().await; synced().await } => {}
         _ = stopped(stop_rx.clone()) => {
             info!("stopping before ever leading");
             leader.release().await;
@@ -198,18 +249,30 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     controller.start_leading();
-    let workers = tokio::spawn(
+    let mut workers = vec![tokio::spawn(
         controller
             .clone()
             .run_workers(args.concurrent_syncs as usize),
-    );
+    )];
+    if let Some(allocator) = &allocator {
+        allocator.start_leading();
+        workers.push(tokio::spawn(allocator.clone().run_worker()));
+    }
+    let abort_workers =
+        |workers: &[tokio::task::JoinHandle<()>]| workers.iter().for_each(|w| w.abort());
+    let shut_queues = || {
+        controller.queue().shut_down();
+        if let Some(allocator) = &allocator {
+            allocator.queue().shut_down();
+        }
+    };
 
     tokio::select! {
         reason = &mut lost => {
             // Never two leaders writing: stop at once and let the Deployment restart us.
             error!(reason = %reason, "lost leadership; exiting");
             drain.start();
-            controller.queue().shut_down();
+            shut_queues();
             return Ok(ExitCode::from(1));
         }
         _ = stopped(stop_rx.clone()) => {}
@@ -224,15 +287,22 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     );
     // No new work first, so that refused requests are not mistaken for an
     // unreachable API server.
-    controller.queue().shut_down();
+    shut_queues();
     drain.start();
+    let in_flight = async {
+        tokio::join!(controller.shut_down(), async {
+            if let Some(allocator) = &allocator {
+                allocator.shut_down().await;
+            }
+        });
+    };
     tokio::select! {
-        finished = tokio::time::timeout(args.shutdown_timeout.0, controller.shut_down()) => {
+        finished = tokio::time::timeout(args.shutdown_timeout.0, in_flight) => {
             if finished.is_err() {
                 // A request cut off now might still reach the server after a
                 // successor started: let the Lease expire instead.
                 warn!("requests in flight did not finish within --shutdown-timeout; not releasing the lease, it will expire");
-                workers.abort();
+                abort_workers(&workers);
                 servers.wait().await?;
                 return Ok(ExitCode::SUCCESS);
             }
@@ -240,11 +310,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         reason = &mut lost => {
             // Someone else leads already: nothing to release, stop writing now.
             error!(reason = %reason, "lost leadership while shutting down; exiting");
-            workers.abort();
+            abort_workers(&workers);
             return Ok(ExitCode::from(1));
         }
     }
-    workers.abort();
+    abort_workers(&workers);
     leader.release().await;
     info!("lease released");
     servers.wait().await?;
@@ -280,8 +350,7 @@ async fn declared_nodes(client: &kube::Client, selector: &str) -> anyhow::Result
     if selector.is_empty() {
         return Ok(None);
     }
-    let nodes: kube::Api<crate::controllers::resourceclaim::allocation::NodeView> =
-        kube::Api::all(client.clone());
+    let nodes: kube::Api<crate::model::views::NodeView> = kube::Api::all(client.clone());
     let params = kube::api::ListParams::default().labels(selector).limit(1);
     match nodes.list_metadata(&params).await {
         Ok(list) => {

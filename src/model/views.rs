@@ -679,6 +679,36 @@ impl TemplateView {
     }
 }
 
+/// A Node: only its name matters (the watch's label selector did the rest).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct NodeView {
+    pub metadata: ObjectMeta,
+}
+
+impl Resource for NodeView {
+    type DynamicType = ();
+    type Scope = k8s_openapi::ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("Node")
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("nodes")
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 impl crate::runtime::store::HasUid for PodView {
     fn uid(&self) -> &str {
         PodView::uid(self)

@@ -32,6 +32,20 @@ pub trait Handler<K>: Send + Sync {
     fn deleted(&self, obj: K);
 }
 
+/// Another room's interest in a watch whose store one handler keeps. The
+/// keeper calls it after each change is in its store, with the object's
+/// previous state, so the observer reads current stores and still sees
+/// what changed. Wired by whoever builds both rooms; neither imports the
+/// other.
+pub trait Observer<K>: Send + Sync {
+    /// A (re)list is in the store.
+    fn relisted(&self);
+    /// `new` is in the store; `old` is what the store held before, if any.
+    fn applied(&self, old: Option<&K>, new: &K);
+    /// `last` (its last known state) is gone from the store.
+    fn deleted(&self, last: &K);
+}
+
 /// One watch: its name (for logs) and whether its first list is in.
 #[derive(Debug)]
 pub struct Informer {

@@ -13,7 +13,7 @@ use crate::model::indexes::{
     PODS_BY_TEMPLATE, claim_owner_index, group_claim_index, group_owner_key, group_template_index,
     pod_claim_index, pod_group_index, pod_template_index,
 };
-use crate::model::views::{ClaimView, PodGroupApi, PodGroupView, PodView, TemplateView};
+use crate::model::views::{ClaimView, NodeView, PodGroupApi, PodGroupView, PodView, TemplateView};
 use crate::runtime::store::{IndexFn, RecentSet, Store, object_key};
 
 /// How long a claim created by this process is remembered while the watch
@@ -22,11 +22,12 @@ const CREATED_CLAIM_TTL: Duration = Duration::from_secs(600);
 
 /// The three caches plus what the controller remembers beyond them.
 pub struct Caches {
-    pub pods: Store<PodView>,
-    pub claims: Store<ClaimView>,
+    /// Shared with the allocator for declared nodes, which reads them.
+    pub pods: Arc<Store<PodView>>,
+    pub claims: Arc<Store<ClaimView>>,
     pub templates: Store<TemplateView>,
     /// PodGroups, with DRAWorkloadResourceClaims on (empty otherwise).
-    pub pod_groups: Store<PodGroupView>,
+    pub pod_groups: Arc<Store<PodGroupView>>,
     /// UIDs of PodGroups seen deleted recently.
     pub deleted_pod_groups: RecentSet<String>,
     /// The PodGroup API served, when DRAWorkloadResourceClaims is on.
@@ -44,8 +45,10 @@ pub struct Caches {
     /// Every watch has loaded its first list: absence from a cache now
     /// means absence from the cluster (what scrape-time gauges rely on).
     synced: AtomicBool,
-    /// The allocator for declared nodes, with `--allocate-on-nodes` only.
-    pub allocation: Option<Arc<super::allocation::Allocation>>,
+    /// The nodes whose pre-scheduled pods' claims another part of the
+    /// process allocates (`--allocate-on-nodes`): nobody needs to be told
+    /// that nothing will.
+    allocator_nodes: Option<Arc<Store<NodeView>>>,
 }
 
 impl Default for Caches {
@@ -57,23 +60,23 @@ impl Default for Caches {
 impl Caches {
     pub fn new() -> Self {
         Caches {
-            pods: Store::new(vec![
+            pods: Arc::new(Store::new(vec![
                 (PODS_BY_CLAIM, pod_claim_index as IndexFn<PodView>),
                 (PODS_BY_TEMPLATE, pod_template_index),
                 (PODS_BY_GROUP, pod_group_index),
-            ]),
-            claims: Store::new(vec![(
+            ])),
+            claims: Arc::new(Store::new(vec![(
                 CLAIMS_BY_OWNER_UID,
                 claim_owner_index as IndexFn<ClaimView>,
-            )]),
+            )])),
             templates: Store::new(Vec::new()),
-            pod_groups: Store::new(vec![
+            pod_groups: Arc::new(Store::new(vec![
                 (
                     GROUPS_BY_TEMPLATE,
                     group_template_index as IndexFn<PodGroupView>,
                 ),
                 (GROUPS_BY_CLAIM, group_claim_index),
-            ]),
+            ])),
             deleted_pod_groups: RecentSet::new(500),
             pod_group_api: None,
             created: Mutex::new(HashMap::new()),
@@ -81,17 +84,25 @@ impl Caches {
             uncertain_creates: RecentSet::new(10_000),
             missing_reported: RecentSet::new(10_000),
             synced: AtomicBool::new(false),
-            allocation: None,
+            allocator_nodes: None,
         }
     }
 
-    /// Caches for a controller that serves PodGroups at `api`.
-    /// With the allocator for the nodes `node_selector` selects.
-    pub fn allocating_on(mut self, node_selector: String) -> Self {
-        self.allocation = Some(Arc::new(super::allocation::Allocation::new(node_selector)));
+    /// Caches that know the nodes whose claims the allocator allocates.
+    pub fn with_allocator_nodes(mut self, nodes: Arc<Store<NodeView>>) -> Self {
+        self.allocator_nodes = Some(nodes);
         self
     }
 
+    /// Whether the claims of pods pre-scheduled onto `node` are allocated
+    /// by the allocator for declared nodes.
+    pub fn allocated_elsewhere(&self, node: &str) -> bool {
+        self.allocator_nodes
+            .as_ref()
+            .is_some_and(|nodes| nodes.get(node).is_some())
+    }
+
+    /// Caches for a controller that serves PodGroups at `api`.
     pub fn with_pod_groups(api: PodGroupApi) -> Self {
         Caches {
             pod_group_api: Some(api),

@@ -122,7 +122,9 @@ pub fn pod_needs_work(pod: &PodView, caches: &Caches) -> Result<&'static str, &'
             if claim.is_allocated() {
                 return Ok("must reserve allocated claim for pre-scheduled pod");
             }
-            if pod.is_pre_scheduled() {
+            let node = pod.node_name().unwrap_or_default();
+            if pod.is_pre_scheduled() && !(caches.allocated_elsewhere(node) && !claim.is_deleting())
+            {
                 // Bound without the scheduler, so nothing will allocate it:
                 // the user has to hear about it.
                 return Ok("pre-scheduled pod uses a claim nobody will allocate");

@@ -74,13 +74,8 @@ impl ClaimOwner {
 pub struct ControllerMetrics {
     creates_1_36: Option<IntCounterVec>,
     creates_1_37: Option<IntCounterVec>,
-    allocations: Option<IntCounterVec>,
 }
 
-const ALLOCATIONS_NAME: &str = "dra_claim_controller_allocations_total";
-const ALLOCATIONS_HELP: &str = "Allocation attempts for pre-scheduled pods on declared nodes (--allocate-on-nodes), by \
-result: allocated, unsatisfiable (not enough suitable free devices now), refused (the claim asks for something the \
-allocator does not support or is wrong), failed (a write failed).";
 const DOUBLE_NAME: &str = "dra_claim_controller_device_double_allocations";
 const DOUBLE_HELP: &str = "Devices allocated to more than one ResourceClaim without admin access, from the claim cache at \
 scrape time. Must be 0; anything else means two allocators handed out the same device.";
@@ -96,16 +91,7 @@ impl ControllerMetrics {
         let mut metrics = ControllerMetrics {
             creates_1_36: None,
             creates_1_37: None,
-            allocations: None,
         };
-        if caches.allocation.is_some() {
-            let c = IntCounterVec::new(Opts::new(ALLOCATIONS_NAME, ALLOCATIONS_HELP), &["result"])?;
-            for result in ["allocated", "unsatisfiable", "refused", "failed"] {
-                c.with_label_values(&[result]);
-            }
-            registry.register(Box::new(c.clone()))?;
-            metrics.allocations = Some(c);
-        }
         registry.register(Box::new(CacheGauge::new(
             caches.clone(),
             DOUBLE_NAME,
@@ -157,14 +143,6 @@ impl ControllerMetrics {
         ControllerMetrics {
             creates_1_36: None,
             creates_1_37: None,
-            allocations: None,
-        }
-    }
-
-    /// Counts one allocation attempt under `result`.
-    pub fn record_allocation(&self, result: &str) {
-        if let Some(c) = &self.allocations {
-            c.with_label_values(&[result]).inc();
         }
     }
 

@@ -9,9 +9,6 @@
 //! - below them: `context.rs`, `cache.rs`, `enqueue.rs`, `observe.rs`,
 //!   `patch.rs`, `events.rs`, `metrics.rs`, `error.rs`, `views.rs`.
 
-pub mod allocate_claim;
-pub mod allocation;
-mod allocation_watches;
 pub mod cache;
 pub mod claim;
 pub mod context;
@@ -35,18 +32,18 @@ mod podgroup_tests;
 #[cfg(test)]
 mod test_support;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::Api;
 use tracing::{debug, info};
 
 use crate::model::features::FeatureGates;
-use crate::model::views::{self, ClaimView, PodView, TemplateView};
+use crate::model::views::{self, ClaimView, NodeView, PodView, TemplateView};
 use crate::runtime::events::EventRecorder;
-use crate::runtime::informer::Informer;
+use crate::runtime::informer::{Informer, Observer};
 use crate::runtime::reachability::Reachability;
+use crate::runtime::store::Store;
 use crate::workqueue::WorkQueue;
 use cache::Caches;
 use context::Context;
@@ -60,7 +57,15 @@ pub const QUEUE_NAME: &str = "resource_claim";
 /// The source of our events, as kube-controller-manager's controller names it.
 pub const EVENT_COMPONENT: &str = "resource_claim";
 
-/// The controller: three informers feeding caches, one queue, N workers.
+/// Who else reacts to the pod and claim watches (the allocator for
+/// declared nodes), told after each change is in the caches.
+#[derive(Default)]
+pub struct Observers {
+    pub pods: OnceLock<Arc<dyn Observer<PodView>>>,
+    pub claims: OnceLock<Arc<dyn Observer<ClaimView>>>,
+}
+
+/// The controller: informers feeding caches, one queue, N workers.
 pub struct Controller {
     ctx: Arc<Context>,
     queue: WorkQueue<WorkKey>,
@@ -71,9 +76,7 @@ pub struct Controller {
     templates: Informer,
     /// With DRAWorkloadResourceClaims only.
     pod_groups: Option<Informer>,
-    /// With `--allocate-on-nodes` only: ResourceSlices, DeviceClasses and
-    /// the declared Nodes.
-    allocation_watches: Option<[Informer; 3]>,
+    observers: Observers,
 }
 
 impl Controller {
@@ -84,16 +87,15 @@ impl Controller {
         identity: &str,
         metrics_naming: MetricsNaming,
         pod_group_api: Option<views::PodGroupApi>,
-        allocate_on_nodes: Option<String>,
+        allocator_nodes: Option<Arc<Store<NodeView>>>,
     ) -> anyhow::Result<Arc<Self>> {
         let with_groups = pod_group_api.is_some();
-        let with_allocation = allocate_on_nodes.is_some();
         let mut caches = match pod_group_api {
             Some(api) => Caches::with_pod_groups(api),
             None => Caches::new(),
         };
-        if let Some(selector) = allocate_on_nodes {
-            caches = caches.allocating_on(selector);
+        if let Some(nodes) = allocator_nodes {
+            caches = caches.with_allocator_nodes(nodes);
         }
         let caches = Arc::new(caches);
         let metrics = ControllerMetrics::register(registry, caches.clone(), metrics_naming)?;
@@ -113,14 +115,20 @@ impl Controller {
             claims: Informer::new("resourceclaims"),
             templates: Informer::new("resourceclaimtemplates"),
             pod_groups: with_groups.then(|| Informer::new("podgroups")),
-            allocation_watches: with_allocation.then(|| {
-                [
-                    Informer::new("resourceslices"),
-                    Informer::new("deviceclasses"),
-                    Informer::new("nodes"),
-                ]
-            }),
+            observers: Observers::default(),
         }))
+    }
+
+    /// Lets `pods` and `claims` react to the pod and claim watches too.
+    /// Set once, before the watches run.
+    pub fn observe(&self, pods: Arc<dyn Observer<PodView>>, claims: Arc<dyn Observer<ClaimView>>) {
+        let _ = self.observers.pods.set(pods);
+        let _ = self.observers.claims.set(claims);
+    }
+
+    /// Whether the API server answers, shared with whoever else writes.
+    pub fn reachability(&self) -> &Arc<Reachability> {
+        &self.ctx.reachability
     }
 
     /// Probes the API server while it is reported unreachable; runs until
@@ -145,9 +153,6 @@ impl Controller {
         if let Some(groups) = &self.pod_groups {
             groups.wait_synced().await;
         }
-        for informer in self.allocation_watches.iter().flatten() {
-            informer.wait_synced().await;
-        }
         self.ctx.caches.mark_synced();
     }
 
@@ -156,14 +161,9 @@ impl Controller {
             && self.claims.is_synced()
             && self.templates.is_synced()
             && self.pod_groups.as_ref().is_none_or(Informer::is_synced)
-            && self
-                .allocation_watches
-                .iter()
-                .flatten()
-                .all(Informer::is_synced)
     }
 
-    /// Runs the three watches until the process ends.
+    /// Runs the watches until the process ends.
     pub async fn run_watches(self: Arc<Self>) {
         let client = self.ctx.client.clone();
         let this = &*self;
@@ -178,25 +178,7 @@ impl Controller {
                     .await
             }
         };
-        let allocation = async {
-            if let (Some([slices, classes, nodes]), Some(state)) =
-                (&this.allocation_watches, &this.ctx.caches.allocation)
-            {
-                let declared =
-                    crate::runtime::informer::watch_config().labels(&state.node_selector);
-                tokio::join!(
-                    slices.run(Api::<ResourceSlice>::all(client.clone()), this),
-                    classes.run(Api::<DeviceClass>::all(client.clone()), this),
-                    nodes.run_with(
-                        Api::<allocation::NodeView>::all(client.clone()),
-                        declared,
-                        this
-                    ),
-                );
-            }
-        };
         tokio::join!(
-            allocation,
             this.pods.run(Api::<PodView>::all(client.clone()), this),
             this.claims.run(Api::<ClaimView>::all(client.clone()), this),
             this.templates

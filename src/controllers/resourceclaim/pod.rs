@@ -1,5 +1,6 @@
 //! Pod work: create the claims of template entries, record their names in
-//! the pod status, reserve allocated claims for pre-scheduled pods.
+//! the pod status, reserve allocated claims for pre-scheduled pods, and
+//! tell the user when nothing will allocate a pre-scheduled pod's claim.
 //!
 //! [`decide`] looks at cached state and returns what should be written;
 //! [`execute`] writes it.
@@ -18,6 +19,7 @@ use super::cache::Caches;
 use super::context::{Context, Synced};
 use super::metrics::ClaimOwner;
 use super::patch;
+use crate::model::consumers::{Unreserved, unreserved_claims};
 use crate::model::features::FeatureGates;
 use crate::model::views::{ClaimView, PodGroupView, PodView, TemplateView};
 use crate::naming::{
@@ -38,13 +40,6 @@ pub const REASON_CLAIM_MISSING: &str = "ResourceClaimMissing";
 /// user is told. A claim watch that lags behind the pod watch by seconds is
 /// normal; a warning that is usually false teaches people to ignore it.
 pub const NOT_ALLOCATED_GRACE: Duration = Duration::from_secs(10);
-
-/// How often a pod waiting for devices on a declared node is looked at
-/// again when nothing woke it.
-pub const ALLOCATION_RECHECK: Duration = Duration::from_secs(60);
-/// How soon a pod is looked at again when another allocation was running
-/// (the worker is not held while it runs).
-pub const ALLOCATION_BUSY_RETRY: Duration = Duration::from_millis(200);
 
 /// What to do for one template entry that has no usable claim yet.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,9 +74,6 @@ pub struct PodDecision {
     /// one out would remove it, and the kubelet unprepares by these names.
     pub recorded: BTreeMap<String, Option<String>>,
     pub reservations: Vec<Reservation>,
-    /// Unallocated claims of a pre-scheduled pod on a node declared with
-    /// `--allocate-on-nodes`: we allocate them.
-    pub to_allocate: Vec<Reservation>,
     /// Claims of a pre-scheduled pod that nothing will allocate (warned
     /// about once the grace period is over).
     pub unallocated: Vec<String>,
@@ -96,7 +88,6 @@ impl PodDecision {
     pub fn is_noop(&self) -> bool {
         self.entries.is_empty()
             && self.reservations.is_empty()
-            && self.to_allocate.is_empty()
             && self.unallocated.is_empty()
             && self.missing.is_empty()
     }
@@ -368,53 +359,20 @@ fn decide_reservations(
     group: Option<&PodGroupView>,
     decision: &mut PodDecision,
 ) {
-    let statuses = &pod.status.resource_claim_statuses;
-    for entry in &pod.spec.resource_claims {
-        let resolution = resolve_claim(entry, statuses);
-        let Some(name) = resolution.name() else {
-            continue;
-        };
-        let Some(claim) = caches.claim(pod.namespace(), name) else {
-            continue;
-        };
-        // An entry that matches the group's is reserved for the group.
-        let bound = group.filter(|g| g.matching_entry(entry).is_some());
-        let owned = is_controlled_by(claim.owner_references(), pod.uid())
-            || bound
-                .is_some_and(|g| is_controlled_by_pod_group(claim.owner_references(), g.name()));
-        if resolution.must_check_owner() && !owned {
-            continue;
-        }
-        if claim.is_reserved_for(pod.uid())
-            || group.is_some_and(|g| {
-                claim.status.reserved_for.iter().any(|r| {
-                    crate::model::consumers::is_pod_group_consumer(r) && r.name == g.name()
-                })
-            })
-        {
-            continue;
-        }
-        let consumer = || match bound {
-            Some(g) => crate::model::consumers::pod_group_consumer(g.name(), g.uid()),
-            None => crate::model::consumers::pod_consumer(pod.name(), pod.uid()),
-        };
+    let node = pod.node_name().unwrap_or_default();
+    for Unreserved { claim, consumer } in
+        unreserved_claims(pod, group, |name| caches.claim(pod.namespace(), name))
+    {
         if claim.is_allocated() {
-            let consumer = consumer();
             decision.reservations.push(Reservation { consumer, claim });
         } else if pod.is_pre_scheduled()
-            && !claim.is_deleting()
-            && caches
-                .allocation
-                .as_ref()
-                .is_some_and(|a| a.is_declared(pod.node_name().unwrap_or_default()))
+            && !(caches.allocated_elsewhere(node) && !claim.is_deleting())
         {
-            let consumer = consumer();
-            decision.to_allocate.push(Reservation { consumer, claim });
-        } else if pod.is_pre_scheduled() {
             // Bound by a scheduler, the claim was allocated before binding
             // and our watch has not shown it yet; bound without one, nothing
-            // will allocate it.
-            decision.unallocated.push(name.to_string());
+            // will allocate it (on a node whose claims the allocator serves,
+            // the allocator will).
+            decision.unallocated.push(claim.name().to_string());
         }
     }
 }
@@ -528,26 +486,6 @@ pub async fn execute(
                 claim.name()
             )))?;
         info!(claim = %claim.name(), "reserved claim for pod");
-    }
-    if let Some(state) = &ctx.caches.allocation
-        && !decision.to_allocate.is_empty()
-    {
-        use super::allocate_claim::{Attempt, Wanted, allocate_for_pod};
-        let wanted: Vec<Wanted> = decision
-            .to_allocate
-            .iter()
-            .map(|r| Wanted {
-                claim_name: r.claim.name(),
-                consumer: &r.consumer,
-            })
-            .collect();
-        match allocate_for_pod(ctx, state, pod, &wanted).await? {
-            Attempt::Allocated | Attempt::NothingToDo => {}
-            // Woken by slice, class and claim changes; this is the net
-            // under those.
-            Attempt::Waiting => return Ok(Synced::RecheckAfter(ALLOCATION_RECHECK)),
-            Attempt::Busy => return Ok(Synced::RecheckAfter(ALLOCATION_BUSY_RETRY)),
-        }
     }
     if pod.is_pre_scheduled() && !created.is_empty() {
         // Just made: give whoever may allocate it the grace period too.

@@ -1,5 +1,6 @@
 //! What each watch event does to the caches and the queue ("what wakes
-//! what" of the contract), as the handlers of the three informers.
+//! what" of the contract), as the handlers of the informers; the pod and
+//! claim changes are then passed on to their observers.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,6 +43,9 @@ impl Handler<PodView> for Controller {
         for pod in &pods {
             self.enqueue(keys_for_pod_event(pod, false, caches));
         }
+        if let Some(observer) = self.observers.pods.get() {
+            observer.relisted();
+        }
         info!(
             pods = caches.pods.len(),
             "pod cache loaded (pods with claims only)"
@@ -61,8 +65,11 @@ impl Handler<PodView> for Controller {
         match seen.keep {
             Some(pod) => {
                 let pod = Arc::new(pod);
-                caches.pods.apply(key, pod.clone());
+                let old = caches.pods.apply(key, pod.clone());
                 self.enqueue(keys_for_pod_event(&pod, false, caches));
+                if let Some(observer) = self.observers.pods.get() {
+                    observer.applied(old.as_deref(), &pod);
+                }
             }
             // Replaced under the same name by a pod without claims.
             None if seen.replaced => {
@@ -97,18 +104,17 @@ impl Handler<ClaimView> for Controller {
             .collect();
         for gone in caches.claims.replace(entries) {
             caches.forget_created(&object_key(gone.namespace(), gone.name()));
-            // Released or not, every waiting pod is woken below.
-            self.allocation_claim_changed(&gone, None, true);
             self.claim_changed(&gone, true);
         }
         // Startup (and every relist): check every claim once, for
         // reservations that went stale while nobody watched.
         for claim in &claims {
             caches.forget_created(&object_key(claim.namespace(), claim.name()));
-            self.allocation_claim_changed(claim, None, false);
             self.claim_changed(claim, false);
         }
-        self.wake_waiting(None);
+        if let Some(observer) = self.observers.claims.get() {
+            observer.relisted();
+        }
         info!(claims = caches.claims.len(), "claim cache loaded");
     }
 
@@ -118,9 +124,10 @@ impl Handler<ClaimView> for Controller {
         let claim = Arc::new(claim);
         let old = caches.claims.apply(key.clone(), claim.clone());
         caches.forget_created(&key);
-        let released = old.filter(|o| o.is_allocated() && !claim.is_allocated());
-        self.allocation_claim_changed(&claim, released.as_deref(), false);
         self.claim_changed(&claim, false);
+        if let Some(observer) = self.observers.claims.get() {
+            observer.applied(old.as_deref(), &claim);
+        }
     }
 
     fn deleted(&self, claim: ClaimView) {
@@ -128,9 +135,10 @@ impl Handler<ClaimView> for Controller {
         let key = object_key(claim.namespace(), claim.name());
         caches.claims.delete(&key);
         caches.forget_created(&key);
-        let released = claim.is_allocated().then_some(&claim);
-        self.allocation_claim_changed(&claim, released, true);
         self.claim_changed(&claim, true);
+        if let Some(observer) = self.observers.claims.get() {
+            observer.deleted(&claim);
+        }
     }
 }
 
@@ -254,10 +262,10 @@ impl Controller {
     fn pod_deleted(&self, pod: &PodView) {
         let caches = &self.ctx.caches;
         caches.deleted_pods.add(pod.uid().to_string());
-        if let Some(state) = &caches.allocation {
-            state.stop_waiting(&object_key(pod.namespace(), pod.name()));
-        }
         self.enqueue(keys_for_pod_event(pod, true, caches));
+        if let Some(observer) = self.observers.pods.get() {
+            observer.deleted(pod);
+        }
     }
 
     fn claim_changed(&self, claim: &ClaimView, deleted: bool) {

@@ -3,49 +3,14 @@
 //! devices of allocations it wrote that no watch has shown yet, and the
 //! pods waiting for devices (woken when slices, classes or claims change).
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Resource;
-use serde::Deserialize;
 
 use crate::model::DeviceId;
-use crate::model::views::ClaimView;
+use crate::model::views::{ClaimView, NodeView};
 use crate::runtime::store::Store;
-
-/// A Node: only its name matters (the watch's label selector did the rest).
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct NodeView {
-    pub metadata: ObjectMeta,
-}
-
-impl Resource for NodeView {
-    type DynamicType = ();
-    type Scope = ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("Node")
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1")
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("nodes")
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
 
 /// A pod waiting for devices: on which node, and the last failure told.
 #[derive(Clone, Debug)]
@@ -54,16 +19,16 @@ struct Waiting {
     told: String,
 }
 
-/// The allocator's state; present only with `--allocate-on-nodes`.
+/// The allocator's state. One worker reads and writes it, so what one
+/// allocation decides is visible to the next before any watch shows it.
 pub struct Allocation {
     /// The label selector of declared nodes, as given.
     pub node_selector: String,
     pub slices: Store<ResourceSlice>,
     pub classes: Store<DeviceClass>,
-    pub nodes: Store<NodeView>,
-    /// One allocation at a time: what one decides must be visible to the
-    /// next, and the watch is not fast enough for that.
-    pub turn: tokio::sync::Mutex<()>,
+    /// Shared with the claim controller, which tells nobody "nothing will
+    /// allocate this" for pods on these nodes.
+    pub nodes: Arc<Store<NodeView>>,
     /// Claim UID → the resourceVersion guarding an allocation this process
     /// wrote (or tried to: an answer lost after the write committed counts,
     /// and so does a write that may still commit) and its devices, until a
@@ -74,13 +39,12 @@ pub struct Allocation {
 }
 
 impl Allocation {
-    pub fn new(node_selector: String) -> Self {
+    pub fn new(node_selector: String, nodes: Arc<Store<NodeView>>) -> Self {
         Allocation {
             node_selector,
             slices: Store::new(Vec::new()),
             classes: Store::new(Vec::new()),
-            nodes: Store::new(Vec::new()),
-            turn: tokio::sync::Mutex::new(()),
+            nodes,
             written: Mutex::new(HashMap::new()),
             waiting: Mutex::new(BTreeMap::new()),
         }
@@ -104,6 +68,19 @@ impl Allocation {
     /// the claim as read shows what it holds: forget it.
     pub fn forget_written(&self, uid: &str) {
         self.written.lock().unwrap().remove(uid);
+    }
+
+    /// A relist of the claims: writes whose claim is gone are forgotten, the
+    /// others are checked as [`Allocation::claim_seen`] does.
+    pub fn claims_relisted(&self, claims: &[Arc<ClaimView>]) {
+        let by_uid: HashMap<&str, &ClaimView> = claims.iter().map(|c| (c.uid(), &**c)).collect();
+        let uids: Vec<String> = self.written.lock().unwrap().keys().cloned().collect();
+        for uid in uids {
+            match by_uid.get(uid.as_str()) {
+                Some(claim) => self.claim_seen(claim),
+                None => self.forget_written(&uid),
+            }
+        }
     }
 
     /// The claim watch showed `claim`: once it shows our devices, it
@@ -211,7 +188,7 @@ mod tests {
 
     #[test]
     fn in_use_counts_claims_and_unseen_writes_but_not_admin_access_or_the_claim_itself() {
-        let state = Allocation::new("x=y".into());
+        let state = Allocation::new("x=y".into(), Arc::new(Store::new(Vec::new())));
         let claims = [
             claim("a", &[("gpu-0", false)]),
             claim("b", &[("gpu-1", true)]),
@@ -233,7 +210,7 @@ mod tests {
 
     #[test]
     fn a_write_is_forgotten_only_when_its_guard_can_no_longer_match() {
-        let state = Allocation::new("x=y".into());
+        let state = Allocation::new("x=y".into(), Arc::new(Store::new(Vec::new())));
         state.note_written("c", "7", vec![id("gpu-3")]);
         let read = |version: &str| -> k8s_openapi::api::resource::v1::ResourceClaim {
             serde_json::from_value(
@@ -250,7 +227,7 @@ mod tests {
 
     #[test]
     fn a_failure_is_told_once_until_it_changes() {
-        let state = Allocation::new("x=y".into());
+        let state = Allocation::new("x=y".into(), Arc::new(Store::new(Vec::new())));
         assert!(state.wait("ns/p", "node-1", "2 needed, 1 free"));
         assert!(!state.wait("ns/p", "node-1", "2 needed, 1 free"));
         assert!(state.wait("ns/p", "node-1", "2 needed, 0 free"));

@@ -1,7 +1,8 @@
-//! Allocating a pre-scheduled pod's claims on a declared node: read the
-//! claims and every allocated device fresh, plan all the pod's claims
+//! One allocation attempt for a pre-scheduled pod on a declared node: read
+//! the claims and every allocated device fresh, plan all the pod's claims
 //! together, then write each result and its reservation in one guarded
-//! status patch.
+//! status patch. Attempts run one at a time (the allocator's queue has one
+//! worker), so each sees what the one before it wrote.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -13,18 +14,16 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::allocation::Allocation;
-use super::context::Context;
+use super::Context;
 use crate::allocate::{self, AllocationInput, Inventory, Outcome};
 use crate::model::DeviceId;
+use crate::model::consumers::DELETE_PROTECTION_FINALIZER;
 use crate::model::views::{ClaimView, PodView};
-use crate::runtime::error::{SyncError, kube_err};
+use crate::runtime::error::{SyncError, kube_err, may_have_committed};
+use crate::runtime::store::object_key;
 
 /// Event reason for a claim the allocator could not allocate.
 pub const REASON_ALLOCATION_FAILED: &str = "FailedResourceClaimAllocation";
-/// The finalizer kube-scheduler puts on claims it allocates, so that an
-/// allocated claim is not deleted before it is deallocated.
-pub const DELETE_PROTECTION_FINALIZER: &str = "resource.kubernetes.io/delete-protection";
 /// Page size of the fresh claim read.
 const LIST_PAGE: u32 = 500;
 /// Claim orders tried for a pod with several claims to allocate (all
@@ -39,9 +38,6 @@ pub enum Attempt {
     NothingToDo,
     /// No allocation now; the pod waits (the user was told).
     Waiting,
-    /// Another allocation is running: try again in a moment, without
-    /// holding a worker.
-    Busy,
 }
 
 /// A claim of the pod to allocate, and whom to reserve it for.
@@ -54,15 +50,12 @@ pub struct Wanted<'a> {
 /// devices, or none is written.
 pub async fn allocate_for_pod(
     ctx: &Context,
-    state: &Allocation,
     pod: &PodView,
     wanted: &[Wanted<'_>],
 ) -> Result<Attempt, SyncError> {
+    let state = &ctx.state;
     let ns = pod.namespace();
     let node = pod.node_name().unwrap_or_default();
-    let Ok(_turn) = state.turn.try_lock() else {
-        return Ok(Attempt::Busy);
-    };
     let api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), ns);
     let mut claims = Vec::new();
     for w in wanted {
@@ -88,7 +81,7 @@ pub async fn allocate_for_pod(
         return Ok(Attempt::NothingToDo);
     }
     let fresh = list_claims(ctx).await?;
-    let cached = ctx.caches.claims.list();
+    let cached = ctx.claims.list();
     let uids: HashSet<&str> = claims
         .iter()
         .filter_map(|(c, _)| c.metadata.uid.as_deref())
@@ -101,7 +94,7 @@ pub async fn allocate_for_pod(
         .into_iter()
         .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
         .collect();
-    let pod_key = crate::runtime::store::object_key(ns, pod.name());
+    let pod_key = object_key(ns, pod.name());
     let gates = (ctx.gates.admin_access, ctx.gates.prioritized_list);
     let to_plan: Vec<&ResourceClaim> = claims.iter().map(|(c, _)| c).collect();
     let plan = match plan(&to_plan, &classes, node, &inventory, in_use, gates) {
@@ -121,7 +114,7 @@ pub async fn allocate_for_pod(
         }
     };
     for ((claim, consumer), result) in claims.iter().zip(plan) {
-        write(ctx, state, &api, claim, consumer, result, node).await?;
+        write(ctx, &api, claim, consumer, result, node).await?;
     }
     state.stop_waiting(&pod_key);
     Ok(Attempt::Allocated)
@@ -228,7 +221,6 @@ fn held(result: &AllocationResult) -> Vec<DeviceId> {
 /// guarded by the resourceVersion.
 async fn write(
     ctx: &Context,
-    state: &Allocation,
     api: &Api<ResourceClaim>,
     claim: &ResourceClaim,
     consumer: &ResourceClaimConsumerReference,
@@ -276,12 +268,13 @@ async fn write(
     // Counted as taken before the write, with the version it is guarded
     // by: an answer lost after the write committed (or a write that
     // commits late) must not free the devices for the next claim.
+    let state = &ctx.state;
     state.note_written(uid, &version, devices.clone());
     let written = api
         .patch_status(name, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await;
     if let Err(err) = written {
-        if !crate::runtime::error::may_have_committed(&err) {
+        if !may_have_committed(&err) {
             state.forget_written(uid);
         }
         ctx.metrics.record_allocation("failed");
