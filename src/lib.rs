@@ -1,25 +1,24 @@
 //! dra-claim-controller: the DRA ResourceClaim lifecycle, run outside
-//! kube-controller-manager.
+//! kube-controller-manager, and the tools around it. Three layers, arrows
+//! pointing down only:
 //!
-//! Two rooms:
+//! - [`runtime`]: what any controller of ours needs, knowing no DRA type:
+//!   client and request budget, informers and indexed stores, errors that
+//!   decide retries, events, leader election, HTTP endpoints; beside it
+//!   [`workqueue`] (client-go's queue with its metrics).
+//! - [`model`]: what DRA objects mean, shared by controllers and tools:
+//!   slim views, store indexes, consumers, devices, the claim classifier,
+//!   feature gates; [`naming`] (claim-entry resolution and generated names)
+//!   and [`allocate`] (the pure device allocator) sit with it.
+//! - [`controllers`]: rooms with one door each. `resourceclaim` (the claim
+//!   lifecycle) and `allocator` (devices for pre-scheduled pods on
+//!   declared nodes); no controller imports another. [`inspect`]
+//!   (`drain-check`, `audit`, also the kubectl plugin `kubectl-dra`) uses
+//!   the model and the runtime only.
 //!
-//! - **The controller runtime**, generic, in the manner of client-go:
-//!   [`workqueue`] (deduplicating rate-limited queue with client-go's
-//!   metrics), [`informer`] (one watch feeding a handler, with liveness),
-//!   [`client`] (the process-wide QPS/burst budget, `rest_client_*`
-//!   metrics, drain on shutdown), [`reachability`] (holding work through an
-//!   API server outage), [`leader`] (Lease election), [`http`] and
-//!   [`exposition`] (probes and metrics).
-//! - **The claim controller**: [`controllers::resourceclaim`] (decisions,
-//!   caches, watches' effects, feature gates) and [`naming`] (claim-entry
-//!   resolution and generated names), wired together in [`app`] with the
-//!   flags of [`cli`].
-//! - **The admin's tools**: [`inspect`] (`drain-check` and `audit`, also
-//!   as the kubectl plugin `kubectl-dra`), read-only, sharing the claim
-//!   classifier with the controller's metrics.
-//!
-//! The library surface exists so that integration tests and benchmarks can
-//! drive the same code the binary runs.
+//! [`app`] wires them (which controllers run, which watches feed them,
+//! shutdown) with the flags of [`cli`]. The library surface exists so that
+//! integration tests and benchmarks drive the same code the binary runs.
 
 pub mod allocate;
 pub mod app;

@@ -1,5 +1,5 @@
-//! Device allocation for claims of pods that bypassed kube-scheduler
-//! (`spec.nodeName`) on nodes the admin declared with `--allocate-on-nodes`.
+//! The pure device allocator (the solver behind `controllers::allocator`):
+//! devices for one claim on one node, as kube-scheduler would pick them.
 //!
 //! Everything here is pure: `inventory` turns ResourceSlices into a node's
 //! devices, `selector` evaluates CEL device selectors, `allocator` picks

@@ -180,6 +180,16 @@ impl Case {
         }
     }
 
+    /// Unsatisfiable for the reason `because` names (a part of the
+    /// message): a row that ends unsatisfiable for another reason fails.
+    fn unsatisfiable_because(&self, because: &str) {
+        let why = self.unsatisfiable();
+        assert!(
+            why.contains(because),
+            "expected a reason with {because:?}, got {why:?}"
+        );
+    }
+
     fn refused(&self) -> String {
         match self.run() {
             Outcome::Refused(why) => why,
@@ -256,7 +266,7 @@ fn network_attached_device_is_never_used() {
     all_nodes.spec.node_name = None;
     all_nodes.spec.all_nodes = Some(true);
     let case = Case::new(vec![network, all_nodes], one_request(json!({})));
-    case.unsatisfiable();
+    case.unsatisfiable_because("publishes no node-local ResourceSlices; network-attached and allNodes devices are never used");
 }
 
 #[test]
@@ -335,7 +345,7 @@ fn multi_host_resource_pool_with_stale_slice_for_current_node() {
         ],
         one_request(json!({})),
     );
-    case.unsatisfiable();
+    case.unsatisfiable_because("node node-1 publishes no node-local ResourceSlices");
 }
 
 #[test]
@@ -387,7 +397,7 @@ fn no_allocation_from_incomplete_pools() {
         vec![gen_slice("slice-1", NODE, 1, 2, &["device-1", "device-2"])],
         one_request(json!({"count": 2})),
     );
-    case.unsatisfiable();
+    case.unsatisfiable_because("pool driver-a/pool-1 is currently being updated and was not used");
 }
 
 #[test]
@@ -429,7 +439,7 @@ fn all_devices_some_allocated() {
 #[test]
 fn all_devices_no_slices() {
     let case = Case::new(Vec::new(), one_request(json!({"allocationMode": "All"})));
-    case.unsatisfiable();
+    case.unsatisfiable_because("0 devices on node node-1, 0 free, all 0 needed");
 }
 
 #[test]
@@ -442,7 +452,7 @@ fn all_devices_no_solution() {
             exactly("req-1", "class-a", json!({"allocationMode": "All"})),
         ]})),
     );
-    case.unsatisfiable();
+    case.unsatisfiable_because("not enough devices for all requests together");
 }
 
 #[test]
@@ -521,7 +531,7 @@ fn all_devices_some_allocating_admin_access() {
             exactly("req-1", "class-a", json!({"adminAccess": true, "allocationMode": "All"})),
         ]})),
     );
-    case.unsatisfiable();
+    case.unsatisfiable_because("not enough devices for all requests together");
 }
 
 #[test]
@@ -614,7 +624,7 @@ fn with_constraint_non_existent_attribute() {
             "constraints": [{"matchAttribute": "driver-a/numa"}],
         })),
     );
-    case.unsatisfiable();
+    case.unsatisfiable_because("no set of free devices has equal values of driver-a/numa");
 }
 
 #[test]
@@ -871,7 +881,7 @@ fn tainted_admin_access() {
         on_node(tainted(&[("device-1", "v", "NoSchedule")])),
         one_request(json!({"adminAccess": true})),
     );
-    case.unsatisfiable();
+    case.unsatisfiable_because("1 tainted and not tolerated, 0 free, 1 needed");
 }
 
 #[test]
@@ -1138,5 +1148,5 @@ fn with_constraint_not_matching_version_build_metadata() {
             "constraints": [{"matchAttribute": "driver-a/driverVersion"}],
         })),
     );
-    case.unsatisfiable();
+    case.unsatisfiable_because("no set of free devices has equal values of driver-a/driverVersion");
 }

@@ -1,2 +1,5 @@
+//! The controllers, one room each. `app.rs` hands each the caches and event
+//! streams it needs; none imports another.
+
 pub mod allocator;
 pub mod resourceclaim;

@@ -1,7 +1,7 @@
 //! Read-only answers for cluster admins: may a node's DRA driver go
 //! (`drain-check`), and where do claims leak (`audit`).
 //!
-//! - [`classify`]: what is wrong with one claim (shared with the
+//! - `model::classify`: what is wrong with one claim (shared with the
 //!   controller's `dra_claim_controller_claims` gauge);
 //! - [`placement`]: which node a claim's devices serve;
 //! - [`drain`] and [`audit`]: the two checks, pure, over a [`snapshot`];

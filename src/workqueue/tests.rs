@@ -1,4 +1,7 @@
-//! The work queue's tests: semantics, backoff arithmetic, metrics.
+//! The work queue's tests: semantics, backoff arithmetic, metrics. Most run
+//! on tokio's paused clock: delays and "nothing arrives within" waits pass
+//! in virtual time, so the suite neither sleeps nor depends on the machine's
+//! speed.
 
 use super::shared::lock;
 use super::*;
@@ -58,7 +61,7 @@ fn sample<'a>(
         .unwrap_or_else(|| panic!("{metric}{{name={queue:?}}} missing"))
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn adding_a_key_repeatedly_queues_it_once() {
     let registry = Registry::new();
     let q = queue("dedup", Some(&registry));
@@ -77,7 +80,7 @@ async fn adding_a_key_repeatedly_queues_it_once() {
     assert!(nothing_soon(&q).await);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_key_in_processing_is_not_handed_to_a_second_worker() {
     let q = queue("exclusive", None);
     q.add("a".to_owned());
@@ -88,7 +91,7 @@ async fn a_key_in_processing_is_not_handed_to_a_second_worker() {
     assert!(nothing_soon(&q).await);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn adds_during_processing_requeue_once_after_done() {
     let q = queue("requeue", None);
     q.add("a".to_owned());
@@ -105,7 +108,7 @@ async fn adds_during_processing_requeue_once_after_done() {
     assert_eq!(q.len(), 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_requeue_on_done_wakes_a_waiting_worker() {
     let q = queue("requeue_wake", None);
     q.add("a".to_owned());
@@ -122,7 +125,7 @@ async fn a_requeue_on_done_wakes_a_waiting_worker() {
     assert_eq!(got.as_deref(), Some("a"));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn done_for_an_unknown_key_is_ignored() {
     let q = queue("unknown", None);
     q.done(&"ghost".to_owned());
@@ -130,7 +133,7 @@ async fn done_for_an_unknown_key_is_ignored() {
     assert_eq!(get_soon(&q).await.as_deref(), Some("a"));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_waiting_getter_is_woken_by_add() {
     let q = queue("wake", None);
     let getter = tokio::spawn({
@@ -145,14 +148,14 @@ async fn a_waiting_getter_is_woken_by_add() {
 
 // The crate's tokio has no `test-util`, so these use real, short delays
 // with generous margins instead of a paused clock.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn add_after_delivers_after_the_delay() {
     let q = queue("after", None);
     q.add_after("now".to_owned(), Duration::ZERO);
     assert_eq!(q.len(), 1);
     assert_eq!(get_soon(&q).await.as_deref(), Some("now"));
 
-    let start = Instant::now();
+    let start = tokio::time::Instant::now();
     q.add_after("later".to_owned(), ms(200));
     tokio::time::sleep(ms(50)).await;
     assert_eq!(q.len(), 0);
@@ -160,7 +163,7 @@ async fn add_after_delivers_after_the_delay() {
     assert!(start.elapsed() >= ms(200), "{:?}", start.elapsed());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn add_after_keeps_the_earliest_time_per_key() {
     let q = queue("earliest", None);
     let waiting = |q: &WorkQueue<String>| lock(&q.inner.state).waiting.by_key.len();
@@ -178,7 +181,7 @@ async fn add_after_keeps_the_earliest_time_per_key() {
     assert_eq!(waiting(&q), 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn add_after_orders_keys_by_ready_time() {
     let q = queue("order", None);
     q.add_after("second".to_owned(), ms(120));
@@ -203,7 +206,7 @@ fn delays_still_fire_after_the_runtime_that_started_the_timer_is_gone() {
     });
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn add_rate_limited_backs_off_and_forget_resets() {
     let registry = Registry::new();
     let q = queue("retry", Some(&registry));
@@ -315,7 +318,7 @@ fn default_controller_limiter_is_the_max_of_backoff_and_bucket() {
     assert_eq!(limiter.when_at(&7, later), ms(5 * 1024));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn shut_down_stops_handing_out_work_and_ignores_adds() {
     let q = queue("shutdown", None);
     q.add("a".to_owned());
@@ -344,7 +347,7 @@ async fn shut_down_stops_handing_out_work_and_ignores_adds() {
     assert_eq!(get_soon(&q).await, None);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn shut_down_wakes_waiting_getters() {
     let q = queue("wake_on_shutdown", None);
     let getters: Vec<_> = (0..3)
@@ -360,14 +363,14 @@ async fn shut_down_wakes_waiting_getters() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn wait_idle_is_immediate_without_work_in_flight() {
     let q = queue("idle", None);
     q.add("queued-but-not-taken".to_owned());
     timeout(SHORT, q.wait_idle()).await.expect("not idle");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn dropping_the_queue_frees_it_despite_pending_delays() {
     let q = queue("drop", None);
     q.add_after("a".to_owned(), Duration::from_secs(3600));
@@ -377,6 +380,7 @@ async fn dropping_the_queue_frees_it_despite_pending_delays() {
     assert!(inner.upgrade().is_none());
 }
 
+// Real time: the in-progress gauges read the wall clock.
 #[tokio::test]
 async fn metrics_follow_client_go() {
     let registry = Registry::new();
@@ -485,7 +489,7 @@ async fn metrics_follow_client_go() {
     assert_eq!(names, expected_names);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn queues_share_a_registry_by_name() {
     let registry = Registry::new();
     let claims = queue("resource_claim", Some(&registry));

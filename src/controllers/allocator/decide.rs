@@ -141,12 +141,13 @@ mod tests {
 
     #[test]
     fn which_claims_the_allocator_takes() {
-        let rows: Vec<(
-            &str,
+        type Row = (
+            &'static str,
             PodView,
             Option<Arc<ClaimView>>,
             Result<Vec<String>, NotMine>,
-        )> = vec![
+        );
+        let rows: Vec<Row> = vec![
             (
                 "unallocated",
                 pod(json!({})),

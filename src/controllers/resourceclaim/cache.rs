@@ -94,12 +94,14 @@ impl Caches {
         self
     }
 
-    /// Whether the claims of pods pre-scheduled onto `node` are allocated
-    /// by the allocator for declared nodes.
-    pub fn allocated_elsewhere(&self, node: &str) -> bool {
-        self.allocator_nodes
-            .as_ref()
-            .is_some_and(|nodes| nodes.get(node).is_some())
+    /// Whether the allocator for declared nodes will allocate `claim` for a
+    /// pod pre-scheduled onto `node` (it takes no claim being deleted).
+    pub fn allocated_elsewhere(&self, node: &str, claim: &ClaimView) -> bool {
+        !claim.is_deleting()
+            && self
+                .allocator_nodes
+                .as_ref()
+                .is_some_and(|nodes| nodes.get(node).is_some())
     }
 
     /// Caches for a controller that serves PodGroups at `api`.

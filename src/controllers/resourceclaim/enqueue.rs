@@ -7,7 +7,7 @@ use super::pod::{RecordedClaim, recorded_claim_state};
 use crate::model::views::PodView;
 use crate::naming::{ClaimResolution, resolve_claim};
 
-/// A unit of work: a pod or a claim, by namespace and name.
+/// A unit of work: a pod, a claim or a PodGroup, by namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum WorkKey {
     Pod {
@@ -58,57 +58,160 @@ impl fmt::Display for WorkKey {
     }
 }
 
+/// Why a pod needs pod work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodNeeds {
+    /// A member of a PodGroup: its entries resolve through the group.
+    GroupMember,
+    UnsupportedEntry,
+    ClaimFromTemplate,
+    ReplacementClaim,
+    /// Its recorded claim is gone while it is on a node: the user is told.
+    MissingClaimOnNode,
+    /// An allocated claim to reserve for a pod that bypassed the scheduler.
+    Reservation,
+    /// A pre-scheduled pod's claim that nothing will allocate: the user is
+    /// told.
+    NobodyAllocates,
+}
+
+impl fmt::Display for PodNeeds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PodNeeds::GroupMember => "member of a PodGroup",
+            PodNeeds::UnsupportedEntry => "claim entry uses an unsupported API",
+            PodNeeds::ClaimFromTemplate => "must create ResourceClaim from template",
+            PodNeeds::ReplacementClaim => {
+                "recorded ResourceClaim is gone or not the pod's: must create a replacement"
+            }
+            PodNeeds::MissingClaimOnNode => {
+                "recorded ResourceClaim of a pod on a node is gone: must tell the user"
+            }
+            PodNeeds::Reservation => "must reserve allocated claim for pre-scheduled pod",
+            PodNeeds::NobodyAllocates => "pre-scheduled pod uses a claim nobody will allocate",
+        })
+    }
+}
+
+/// Why a pod needs no pod work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoPodWork {
+    Deleting,
+    Done,
+    NothingToDo,
+}
+
+impl fmt::Display for NoPodWork {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NoPodWork::Deleting => "pod is being deleted",
+            NoPodWork::Done => "pod is done",
+            NoPodWork::NothingToDo => "nothing to do",
+        })
+    }
+}
+
+/// Why a pod no longer uses its claims (they are checked, so that their
+/// reservations go).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LetGo {
+    Removed,
+    Terminated,
+    DeletedBeforeScheduling,
+}
+
+impl fmt::Display for LetGo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LetGo::Removed => "pod got removed",
+            LetGo::Terminated => "pod has terminated",
+            LetGo::DeletedBeforeScheduling => "pod got deleted before scheduling",
+        })
+    }
+}
+
+/// Why a key was queued: the `reason` of its sync span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    Pod(PodNeeds),
+    /// A claim of a pod that let go of it.
+    PodLetGo(LetGo),
+    ClaimChanged,
+    TemplateChanged,
+    /// A PodGroup has claims to create or record.
+    PodGroupNeedsWork,
+    /// A PodGroup is gone: its claims and members are checked.
+    PodGroupGone,
+    /// This replica became leader: everything is swept once.
+    Leading,
+    /// The periodic resync.
+    Resync,
+    /// A grace period or wait a sync asked for is over.
+    Recheck,
+    /// A sync failed and is retried with backoff.
+    Retry,
+}
+
+impl fmt::Display for Why {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Why::Pod(needs) => needs.fmt(f),
+            Why::PodLetGo(why) => write!(f, "claim released: {why}"),
+            Why::ClaimChanged => f.write_str("claim changed"),
+            Why::TemplateChanged => f.write_str("template changed"),
+            Why::PodGroupNeedsWork => f.write_str("PodGroup needs its claims"),
+            Why::PodGroupGone => f.write_str("PodGroup is gone"),
+            Why::Leading => f.write_str("became leader"),
+            Why::Resync => f.write_str("resync"),
+            Why::Recheck => f.write_str("recheck after a wait"),
+            Why::Retry => f.write_str("retry after a failure"),
+        }
+    }
+}
+
 /// Whether the pod may still use its claims. When it may not (deleted,
 /// terminal, or deleted before scheduling), its claims get checked so that
 /// reservations are released.
-pub fn pod_needs_claims(pod: &PodView, deleted: bool) -> Result<(), &'static str> {
+pub fn pod_needs_claims(pod: &PodView, deleted: bool) -> Result<(), LetGo> {
     if deleted {
-        return Err("pod got removed");
+        return Err(LetGo::Removed);
     }
     if pod.is_terminal() {
-        return Err("pod has terminated");
+        return Err(LetGo::Terminated);
     }
     if pod.is_deleting() && pod.node_name().is_none() {
-        return Err("pod got deleted before scheduling");
+        return Err(LetGo::DeletedBeforeScheduling);
     }
     Ok(())
 }
 
-/// Whether a pod needs pod work, with the reason (for logs).
-pub fn pod_needs_work(pod: &PodView, caches: &Caches) -> Result<&'static str, &'static str> {
+/// Whether a pod needs pod work, and why.
+pub fn pod_needs_work(pod: &PodView, caches: &Caches) -> Result<PodNeeds, NoPodWork> {
     if pod.is_deleting() {
-        return Err("pod is being deleted");
+        return Err(NoPodWork::Deleting);
     }
     if pod.is_done() {
         // The reference controller would re-create claims for done pods
         // whose claims are gone; a pod that will not run needs none.
-        return Err("pod is done");
+        return Err(NoPodWork::Done);
     }
     if caches.pod_group_of(pod).is_some() {
         // Group members are few (alpha feature) and their entries resolve
         // through the group: let pod work decide, from the caches.
-        return Ok("member of a PodGroup");
+        return Ok(PodNeeds::GroupMember);
     }
     let statuses = &pod.status.resource_claim_statuses;
     for entry in &pod.spec.resource_claims {
         let resolution = resolve_claim(entry, statuses);
         let name = match resolution {
-            ClaimResolution::Unsupported => return Ok("claim entry uses an unsupported API"),
-            ClaimResolution::NotCreatedYet => return Ok("must create ResourceClaim from template"),
+            ClaimResolution::Unsupported => return Ok(PodNeeds::UnsupportedEntry),
+            ClaimResolution::NotCreatedYet => return Ok(PodNeeds::ClaimFromTemplate),
             ClaimResolution::Skipped => continue,
             ClaimResolution::Generated(name) => {
                 match recorded_claim_state(pod, &entry.name, name, caches) {
                     RecordedClaim::Usable => name,
-                    RecordedClaim::Replace => {
-                        return Ok(
-                            "recorded ResourceClaim is gone or not the pod's: must create a replacement",
-                        );
-                    }
-                    RecordedClaim::MissingOnNode => {
-                        return Ok(
-                            "recorded ResourceClaim of a pod on a node is gone: must tell the user",
-                        );
-                    }
+                    RecordedClaim::Replace => return Ok(PodNeeds::ReplacementClaim),
+                    RecordedClaim::MissingOnNode => return Ok(PodNeeds::MissingClaimOnNode),
                     RecordedClaim::MissingReported => continue,
                 }
             }
@@ -118,43 +221,45 @@ pub fn pod_needs_work(pod: &PodView, caches: &Caches) -> Result<&'static str, &'
         let Some(claim) = caches.claim(pod.namespace(), name) else {
             continue;
         };
-        if pod.node_name().is_some() && !claim.is_reserved_for(pod.uid()) {
+        if let Some(node) = pod.node_name()
+            && !claim.is_reserved_for(pod.uid())
+        {
             if claim.is_allocated() {
-                return Ok("must reserve allocated claim for pre-scheduled pod");
+                return Ok(PodNeeds::Reservation);
             }
-            let node = pod.node_name().unwrap_or_default();
-            if pod.is_pre_scheduled() && !(caches.allocated_elsewhere(node) && !claim.is_deleting())
-            {
-                // Bound without the scheduler, so nothing will allocate it:
-                // the user has to hear about it.
-                return Ok("pre-scheduled pod uses a claim nobody will allocate");
+            // Bound without the scheduler, so nothing will allocate it
+            // (unless the allocator for declared nodes serves the node):
+            // the user has to hear about it.
+            if pod.is_pre_scheduled() && !caches.allocated_elsewhere(node, &claim) {
+                return Ok(PodNeeds::NobodyAllocates);
             }
         }
     }
-    Err("nothing to do")
+    Err(NoPodWork::NothingToDo)
 }
 
-/// The keys a pod event wakes up.
-pub fn keys_for_pod_event(pod: &PodView, deleted: bool, caches: &Caches) -> Vec<WorkKey> {
+/// The keys a pod event wakes up, each with why.
+pub fn keys_for_pod_event(pod: &PodView, deleted: bool, caches: &Caches) -> Vec<(WorkKey, Why)> {
     let mut keys = Vec::new();
     if !pod.is_relevant() {
         return keys;
     }
-    if pod_needs_claims(pod, deleted).is_err() {
+    if let Err(let_go) = pod_needs_claims(pod, deleted) {
+        let why = Why::PodLetGo(let_go);
         let statuses = &pod.status.resource_claim_statuses;
         for entry in &pod.spec.resource_claims {
             if let Some(name) = resolve_claim(entry, statuses).name() {
-                keys.push(WorkKey::claim(pod.namespace(), name));
+                keys.push((WorkKey::claim(pod.namespace(), name), why));
             }
         }
         // Claims the scheduler made for extended resources are cleaned up
         // like generated ones, whatever the feature gate says now.
         if let Some(name) = pod.extended_claim_name() {
-            keys.push(WorkKey::claim(pod.namespace(), name));
+            keys.push((WorkKey::claim(pod.namespace(), name), why));
         }
     }
-    if !deleted && pod_needs_work(pod, caches).is_ok() {
-        keys.push(WorkKey::pod(pod.namespace(), pod.name()));
+    if !deleted && let Ok(needs) = pod_needs_work(pod, caches) {
+        keys.push((WorkKey::pod(pod.namespace(), pod.name()), Why::Pod(needs)));
     }
     keys
 }
@@ -209,74 +314,85 @@ mod tests {
     fn needs_work_table() {
         let recorded = json!({"status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "c1"}]}});
         let scheduled_recorded = json!({"spec": {"nodeName": "n"}, "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "c1"}]}});
-        let cases: Vec<(
-            &str,
+        type Case = (
+            &'static str,
             Value,
             Option<Arc<crate::model::views::ClaimView>>,
-            bool,
-        )> = vec![
-            ("not-created", json!({}), None, true),
+            Result<PodNeeds, NoPodWork>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "not-created",
+                json!({}),
+                None,
+                Ok(PodNeeds::ClaimFromTemplate),
+            ),
             (
                 "recorded-exists",
                 recorded.clone(),
                 Some(claim("c1", "u1", false, &[])),
-                false,
+                Err(NoPodWork::NothingToDo),
             ),
-            ("recorded-gone", recorded.clone(), None, true),
+            (
+                "recorded-gone",
+                recorded.clone(),
+                None,
+                Ok(PodNeeds::ReplacementClaim),
+            ),
             (
                 "recorded-wrong-owner",
                 recorded.clone(),
                 Some(claim("c1", "other", false, &[])),
-                true,
+                Ok(PodNeeds::ReplacementClaim),
             ),
             (
                 "skipped",
                 json!({"status": {"resourceClaimStatuses": [{"name": "gpu"}]}}),
                 None,
-                false,
+                Err(NoPodWork::NothingToDo),
             ),
             (
                 "done",
                 json!({"status": {"phase": "Succeeded"}}),
                 None,
-                false,
+                Err(NoPodWork::Done),
             ),
             (
                 "failed",
                 json!({"status": {"phase": "Failed"}}),
                 None,
-                false,
+                Err(NoPodWork::Done),
             ),
             (
                 "deleting",
                 json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
                 None,
-                false,
+                Err(NoPodWork::Deleting),
             ),
             (
                 "unsupported",
                 json!({"spec": {"resourceClaims": [{"name": "x"}]}}),
                 None,
-                true,
+                Ok(PodNeeds::UnsupportedEntry),
             ),
             (
                 "add-reserved",
                 scheduled_recorded.clone(),
                 Some(claim("c1", "u1", true, &[])),
-                true,
+                Ok(PodNeeds::Reservation),
             ),
             (
                 "already-reserved",
                 scheduled_recorded.clone(),
                 Some(claim("c1", "u1", true, &["u1"])),
-                false,
+                Err(NoPodWork::NothingToDo),
             ),
             (
                 // Pre-scheduled: nothing will allocate it, the user is told.
                 "pre-scheduled-unallocated",
                 scheduled_recorded,
                 Some(claim("c1", "u1", false, &[])),
-                true,
+                Ok(PodNeeds::NobodyAllocates),
             ),
             (
                 // Bound by a scheduler: it allocated the claim before
@@ -286,7 +402,7 @@ mod tests {
                     "conditions": [{"type": "PodScheduled", "status": "True"}],
                     "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "c1"}]}}),
                 Some(claim("c1", "u1", false, &[])),
-                false,
+                Err(NoPodWork::NothingToDo),
             ),
             (
                 // On a node: no replacement, but the user must be told.
@@ -294,13 +410,13 @@ mod tests {
                 json!({"spec": {"nodeName": "n"}, "status": {
                     "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "c1"}]}}),
                 None,
-                true,
+                Ok(PodNeeds::MissingClaimOnNode),
             ),
             (
                 "shared-missing",
                 json!({"spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "user-claim", "resourceClaimTemplateName": null}]}}),
                 None,
-                false,
+                Err(NoPodWork::NothingToDo),
             ),
         ];
         for (case, extra, cached, want) in cases {
@@ -309,10 +425,14 @@ mod tests {
                 caches.claims.apply(format!("ns/{}", c.name()), c);
             }
             let p = pod(extra);
-            assert_eq!(pod_needs_work(&p, &caches).is_ok(), want, "case {case}");
+            assert_eq!(pod_needs_work(&p, &caches), want, "case {case}");
             if case == "recorded-gone-on-node" {
                 caches.note_missing_claim_reported(p.uid(), "gpu");
-                assert!(pod_needs_work(&p, &caches).is_err(), "told once: {case}");
+                assert_eq!(
+                    pod_needs_work(&p, &caches),
+                    Err(NoPodWork::NothingToDo),
+                    "told once: {case}"
+                );
             }
         }
     }
@@ -323,9 +443,13 @@ mod tests {
         let done = pod(json!({"status": {"phase": "Succeeded",
             "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "c1"}],
             "extendedResourceClaimStatus": {"resourceClaimName": "ext", "requestMappings": []}}}));
+        let terminated = Why::PodLetGo(LetGo::Terminated);
         assert_eq!(
             keys_for_pod_event(&done, false, &caches),
-            vec![WorkKey::claim("ns", "c1"), WorkKey::claim("ns", "ext")]
+            vec![
+                (WorkKey::claim("ns", "c1"), terminated),
+                (WorkKey::claim("ns", "ext"), terminated)
+            ]
         );
         let running = pod(json!({"status": {"phase": "Running",
             "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "c1"}]}}));
@@ -335,7 +459,7 @@ mod tests {
         assert!(keys_for_pod_event(&running, false, &caches).is_empty());
         assert_eq!(
             keys_for_pod_event(&running, true, &caches),
-            vec![WorkKey::claim("ns", "c1")]
+            vec![(WorkKey::claim("ns", "c1"), Why::PodLetGo(LetGo::Removed))]
         );
         let unrelated: PodView =
             serde_json::from_value(json!({"metadata": {"name": "x", "namespace": "ns"}})).unwrap();

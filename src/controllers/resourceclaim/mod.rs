@@ -1,13 +1,17 @@
-//! The ResourceClaim lifecycle controller. Every arrow between its files
-//! points down:
+//! The ResourceClaim lifecycle controller (kube-controller-manager's
+//! `resourceclaim-controller`):
 //!
-//! - `mod.rs`: the [`Controller`] (queue, informers, leadership) and
-//!   `watches.rs` (what each event does), `worker.rs` (the worker loop),
+//! - `mod.rs`: the [`Controller`] (queue, informers, leadership, observers
+//!   of its pod and claim watches); `watches.rs` (what each event does),
+//!   `worker.rs` (the worker loop, a span per sync with its reason),
 //!   `resync.rs` (the periodic resync);
-//! - `pod.rs` and `claim.rs`: the decisions (pure `decide`) and their
-//!   writes (`execute`);
-//! - below them: `context.rs`, `cache.rs`, `enqueue.rs`, `observe.rs`,
-//!   `patch.rs`, `events.rs`, `metrics.rs`, `error.rs`, `views.rs`.
+//! - `pod.rs`, `claim.rs`, `podgroup.rs`: the decisions (pure `decide`) and
+//!   their writes (`execute`);
+//! - below them: `enqueue.rs` (what wakes what, and why), `cache.rs`,
+//!   `context.rs`, `observe.rs`, `patch.rs`, `metrics.rs`.
+//!
+//! Allocation is not its business: on nodes declared for the allocator it
+//! only stays quiet about claims nothing else would allocate.
 
 pub mod cache;
 pub mod claim;
@@ -32,8 +36,9 @@ mod podgroup_tests;
 #[cfg(test)]
 mod test_support;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use kube::Api;
 use tracing::{debug, info};
@@ -47,7 +52,7 @@ use crate::runtime::store::Store;
 use crate::workqueue::WorkQueue;
 use cache::Caches;
 use context::Context;
-use enqueue::{WorkKey, pod_needs_work};
+use enqueue::{Why, WorkKey, pod_needs_work};
 use metrics::{ControllerMetrics, MetricsNaming};
 
 pub use context::Synced;
@@ -71,6 +76,8 @@ pub struct Controller {
     queue: WorkQueue<WorkKey>,
     /// Only the leader enqueues; a standby keeps its caches warm.
     leading: AtomicBool,
+    /// Why each queued key was queued, until a worker takes it.
+    reasons: Mutex<HashMap<WorkKey, Why>>,
     pods: Informer,
     claims: Informer,
     templates: Informer,
@@ -111,6 +118,7 @@ impl Controller {
             ctx,
             queue: WorkQueue::new(QUEUE_NAME, Some(registry)),
             leading: AtomicBool::new(false),
+            reasons: Mutex::new(HashMap::new()),
             pods: Informer::new("pods"),
             claims: Informer::new("resourceclaims"),
             templates: Informer::new("resourceclaimtemplates"),
@@ -187,14 +195,35 @@ impl Controller {
         );
     }
 
-    fn enqueue(&self, keys: impl IntoIterator<Item = WorkKey>) {
+    fn enqueue(&self, keys: impl IntoIterator<Item = (WorkKey, Why)>) {
         if !self.leading.load(Ordering::Acquire) {
             return;
         }
-        for key in keys {
-            debug!(key = %key, "enqueue");
-            self.queue.add(key);
+        for (key, why) in keys {
+            debug!(key = %key, reason = %why, "enqueue");
+            self.add(key, why);
         }
+    }
+
+    /// Queues `key`, remembering why unless an earlier reason is still
+    /// waiting to be reported with it (the queue holds a key once).
+    fn add(&self, key: WorkKey, why: Why) {
+        self.reasons
+            .lock()
+            .unwrap()
+            .entry(key.clone())
+            .or_insert(why);
+        self.queue.add(key);
+    }
+
+    /// Why `key` was queued, for its sync span; a key with no reason left
+    /// came back from a backoff.
+    fn take_reason(&self, key: &WorkKey) -> Why {
+        self.reasons
+            .lock()
+            .unwrap()
+            .remove(key)
+            .unwrap_or(Why::Retry)
     }
 
     /// Called when this replica becomes leader: from now on events enqueue
@@ -204,22 +233,26 @@ impl Controller {
         let caches = &self.ctx.caches;
         let mut claims = 0;
         for claim in caches.claims.list() {
-            self.queue
-                .add(WorkKey::claim(claim.namespace(), claim.name()));
+            self.add(
+                WorkKey::claim(claim.namespace(), claim.name()),
+                Why::Leading,
+            );
             claims += 1;
         }
         let mut pods = 0;
         for pod in caches.pods.list() {
             if pod_needs_work(&pod, caches).is_ok() {
-                self.queue.add(WorkKey::pod(pod.namespace(), pod.name()));
+                self.add(WorkKey::pod(pod.namespace(), pod.name()), Why::Leading);
                 pods += 1;
             }
         }
         let mut groups = 0;
         for group in caches.pod_groups.list() {
             if podgroup::needs_work(&group, caches) {
-                self.queue
-                    .add(WorkKey::pod_group(group.namespace(), group.name()));
+                self.add(
+                    WorkKey::pod_group(group.namespace(), group.name()),
+                    Why::Leading,
+                );
                 groups += 1;
             }
         }

@@ -365,9 +365,7 @@ fn decide_reservations(
     {
         if claim.is_allocated() {
             decision.reservations.push(Reservation { consumer, claim });
-        } else if pod.is_pre_scheduled()
-            && !(caches.allocated_elsewhere(node) && !claim.is_deleting())
-        {
+        } else if pod.is_pre_scheduled() && !caches.allocated_elsewhere(node, &claim) {
             // Bound by a scheduler, the claim was allocated before binding
             // and our watch has not shown it yet; bound without one, nothing
             // will allocate it (on a node whose claims the allocator serves,

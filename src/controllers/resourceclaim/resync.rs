@@ -7,7 +7,7 @@ use tracing::info;
 
 use super::Controller;
 use super::claim;
-use super::enqueue::{WorkKey, pod_needs_work};
+use super::enqueue::{Why, WorkKey, pod_needs_work};
 
 impl Controller {
     /// Re-examines every cached pod and claim at a random period between
@@ -53,12 +53,12 @@ impl Controller {
 
     fn resync_pods(&self) -> usize {
         let caches = &self.ctx.caches;
-        let keys: Vec<WorkKey> = caches
+        let keys: Vec<(WorkKey, Why)> = caches
             .pods
             .list()
             .iter()
             .filter(|pod| pod_needs_work(pod, caches).is_ok())
-            .map(|pod| WorkKey::pod(pod.namespace(), pod.name()))
+            .map(|pod| (WorkKey::pod(pod.namespace(), pod.name()), Why::Resync))
             .collect();
         let queued = keys.len();
         self.enqueue(keys);
@@ -67,12 +67,12 @@ impl Controller {
 
     fn resync_pod_groups(&self) -> usize {
         let caches = &self.ctx.caches;
-        let keys: Vec<WorkKey> = caches
+        let keys: Vec<(WorkKey, Why)> = caches
             .pod_groups
             .list()
             .iter()
             .filter(|g| super::podgroup::needs_work(g, caches))
-            .map(|g| WorkKey::pod_group(g.namespace(), g.name()))
+            .map(|g| (WorkKey::pod_group(g.namespace(), g.name()), Why::Resync))
             .collect();
         let queued = keys.len();
         self.enqueue(keys);
@@ -81,12 +81,12 @@ impl Controller {
 
     fn resync_claims(&self) -> usize {
         let caches = &self.ctx.caches;
-        let keys: Vec<WorkKey> = caches
+        let keys: Vec<(WorkKey, Why)> = caches
             .claims
             .list()
             .iter()
             .filter(|claim| claim::needs_work(claim, caches))
-            .map(|claim| WorkKey::claim(claim.namespace(), claim.name()))
+            .map(|claim| (WorkKey::claim(claim.namespace(), claim.name()), Why::Resync))
             .collect();
         let queued = keys.len();
         self.enqueue(keys);

@@ -8,7 +8,7 @@ use std::time::Instant;
 use tracing::info;
 
 use super::Controller;
-use super::enqueue::{WorkKey, keys_for_pod_event};
+use super::enqueue::{Why, WorkKey, keys_for_pod_event};
 use super::observe::observe;
 use super::podgroup;
 use crate::model::indexes::{GROUPS_BY_CLAIM, GROUPS_BY_TEMPLATE, PODS_BY_CLAIM, PODS_BY_TEMPLATE};
@@ -222,14 +222,17 @@ impl Controller {
         let mut keys = Vec::new();
         // Members wait for their group to be known, claims or not.
         if podgroup::needs_work(group, caches) {
-            keys.push(WorkKey::pod_group(group.namespace(), group.name()));
+            keys.push((
+                WorkKey::pod_group(group.namespace(), group.name()),
+                Why::PodGroupNeedsWork,
+            ));
         }
         keys.extend(self.member_work(group));
         self.enqueue(keys);
     }
 
     /// The work a change of `group` gives its member pods.
-    fn member_work(&self, group: &PodGroupView) -> Vec<WorkKey> {
+    fn member_work(&self, group: &PodGroupView) -> Vec<(WorkKey, Why)> {
         let caches = &self.ctx.caches;
         podgroup::members(group, caches)
             .iter()
@@ -242,7 +245,7 @@ impl Controller {
     fn pod_group_deleted(&self, group: &PodGroupView) {
         let caches = &self.ctx.caches;
         caches.deleted_pod_groups.add(group.uid().to_string());
-        let mut keys: Vec<WorkKey> = group
+        let mut keys: Vec<(WorkKey, Why)> = group
             .spec
             .resource_claims
             .iter()
@@ -251,10 +254,10 @@ impl Controller {
                     .as_deref()
                     .or_else(|| group.recorded(&e.name))
             })
-            .map(|c| WorkKey::claim(group.namespace(), c))
+            .map(|c| (WorkKey::claim(group.namespace(), c), Why::PodGroupGone))
             .collect();
         for pod in podgroup::members(group, caches) {
-            keys.push(WorkKey::pod(pod.namespace(), pod.name()));
+            keys.push((WorkKey::pod(pod.namespace(), pod.name()), Why::PodGroupGone));
         }
         self.enqueue(keys);
     }
@@ -272,7 +275,10 @@ impl Controller {
         let caches = &self.ctx.caches;
         let mut keys = Vec::new();
         if !deleted {
-            keys.push(WorkKey::claim(claim.namespace(), claim.name()));
+            keys.push((
+                WorkKey::claim(claim.namespace(), claim.name()),
+                Why::ClaimChanged,
+            ));
         }
         for pod in caches
             .pods
@@ -285,7 +291,10 @@ impl Controller {
             &object_key(claim.namespace(), claim.name()),
         ) {
             if podgroup::needs_work(&group, caches) {
-                keys.push(WorkKey::pod_group(group.namespace(), group.name()));
+                keys.push((
+                    WorkKey::pod_group(group.namespace(), group.name()),
+                    Why::PodGroupNeedsWork,
+                ));
             }
         }
         // A group's new claim: its members may record it now.
@@ -308,7 +317,10 @@ impl Controller {
         }
         for group in caches.pod_groups.by_index(GROUPS_BY_TEMPLATE, key) {
             if podgroup::needs_work(&group, caches) {
-                keys.push(WorkKey::pod_group(group.namespace(), group.name()));
+                keys.push((
+                    WorkKey::pod_group(group.namespace(), group.name()),
+                    Why::PodGroupNeedsWork,
+                ));
             }
         }
         self.enqueue(keys);

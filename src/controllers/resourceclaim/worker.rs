@@ -8,7 +8,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::Controller;
 use super::context::Synced;
-use super::enqueue::WorkKey;
+use super::enqueue::{Why, WorkKey};
 use super::{claim, pod, podgroup};
 use crate::runtime::error::SyncError;
 use crate::runtime::store::object_key;
@@ -33,8 +33,10 @@ impl Controller {
                 return;
             };
             let started = Instant::now();
-            // One span per sync: every line logged inside carries the key.
-            let span = info_span!("sync", key = %key);
+            // One span per sync: every line logged inside carries the key,
+            // and the span says why the key was queued.
+            let reason = self.take_reason(&key);
+            let span = info_span!("sync", key = %key, reason = %reason);
             let result = self.sync(&key).instrument(span.clone()).await;
             let _entered = span.enter();
             match result {
@@ -50,6 +52,11 @@ impl Controller {
                         delay_ms = delay.as_millis() as u64,
                         "synced; checking again later"
                     );
+                    self.reasons
+                        .lock()
+                        .unwrap()
+                        .entry(key.clone())
+                        .or_insert(Why::Recheck);
                     self.queue.add_after(key.clone(), delay);
                 }
                 Err(SyncError::Unreachable { .. }) if self.queue.is_shutting_down() => {}
