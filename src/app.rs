@@ -230,7 +230,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         });
     }
 
-    let leader = election.spawn(client, &registry, health.clone())?;
+    let leader = election.spawn(client, &registry)?;
+    health.follow_lease(leader.lease_health());
     let mut lost = std::pin::pin!(leader.lost());
 
     // Stand by until leading (caches warm), or until told to stop.

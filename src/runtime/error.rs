@@ -113,10 +113,10 @@ mod tests {
         for (err, want) in rows {
             assert_eq!(reached(&err), want, "{err}");
         }
-        let e = SyncError::kube("patching ResourceClaim ns/c", api(409));
+        let e = SyncError::kube("patching ConfigMap ns/c", api(409));
         assert!(matches!(e, SyncError::Conflict { .. }));
         assert!(
-            e.to_string().starts_with("patching ResourceClaim ns/c: "),
+            e.to_string().starts_with("patching ConfigMap ns/c: "),
             "{e}"
         );
     }

@@ -9,7 +9,7 @@
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use axum::Router;
@@ -20,15 +20,15 @@ use axum::routing::get;
 use futures::FutureExt;
 use prometheus::Registry;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+use super::leader::LeaseHealth;
 
 /// Default `--metrics-bind-address`.
 pub const DEFAULT_METRICS_BIND_ADDRESS: &str = ":8080";
 /// Default `--health-probe-bind-address`.
 pub const DEFAULT_HEALTH_PROBE_BIND_ADDRESS: &str = ":8081";
-/// Default for how long a leader may go without a successful lease renewal
-/// before `/healthz` fails: the leader-election renew deadline.
-pub const DEFAULT_MAX_RENEWAL_STALENESS: Duration = Duration::from_secs(10);
 
 /// A listener address flag: where to listen, or `None` for no listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,35 +109,20 @@ pub fn parse_bind_address(s: &str) -> anyhow::Result<Option<SocketAddr>> {
 /// * Ready once the informer caches have synced. Standby replicas (not
 ///   leading) are ready too: they are healthy members of the deployment.
 /// * Live while the process runs and, when leading, while lease renewals are
-///   on time. A leader whose last successful renewal is older than the
-///   allowed staleness is reported unhealthy, so a wedged leader gets
-///   restarted even if it failed to notice it lost the lease.
-#[derive(Clone, Debug)]
+///   on time, as the leader election reports them ([`Health::follow_lease`]).
+///   A leader whose last successful renewal is older than the allowed
+///   staleness is reported unhealthy, so a wedged leader gets restarted even
+///   if it failed to notice it lost the lease.
+#[derive(Clone, Debug, Default)]
 pub struct Health {
     inner: Arc<Mutex<HealthState>>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct HealthState {
     ready: bool,
-    leading: bool,
-    last_renewal: Option<Instant>,
-    max_renewal_staleness: Duration,
-}
-
-impl Default for Health {
-    /// Not ready, not leading; the leader election sets how stale its
-    /// renewals may get ([`Health::set_max_renewal_staleness`]).
-    fn default() -> Self {
-        Self {
-            inner: Arc::new(Mutex::new(HealthState {
-                ready: false,
-                leading: false,
-                last_renewal: None,
-                max_renewal_staleness: DEFAULT_MAX_RENEWAL_STALENESS,
-            })),
-        }
-    }
+    /// The election's reports; none when there is no election to follow.
+    lease: Option<watch::Receiver<LeaseHealth>>,
 }
 
 impl Health {
@@ -157,28 +142,9 @@ impl Health {
         self.state().ready
     }
 
-    /// Whether this process holds a lease it must keep renewing. Becoming
-    /// leader counts as a renewal, so the staleness clock starts now.
-    pub fn set_leading(&self, leading: bool) {
-        let mut state = self.state();
-        if leading && !state.leading {
-            state.last_renewal = Some(Instant::now());
-        }
-        state.leading = leading;
-    }
-
-    /// Records a successful lease renewal at `at`.
-    pub fn record_renewal(&self, at: Instant) {
-        let mut state = self.state();
-        // Renewals can be reported out of order; keep the newest.
-        if state.last_renewal.is_none_or(|prev| at > prev) {
-            state.last_renewal = Some(at);
-        }
-    }
-
-    /// Changes how stale a leader's last renewal may be.
-    pub fn set_max_renewal_staleness(&self, max: Duration) {
-        self.state().max_renewal_staleness = max;
+    /// Liveness from now on follows the leader election's reports.
+    pub fn follow_lease(&self, lease: watch::Receiver<LeaseHealth>) {
+        self.state().lease = Some(lease);
     }
 
     /// `Ok` if live, else the reason.
@@ -187,22 +153,8 @@ impl Health {
     }
 
     fn liveness_at(&self, now: Instant) -> Result<(), String> {
-        let state = self.state();
-        if !state.leading {
-            return Ok(());
-        }
-        let Some(last) = state.last_renewal else {
-            return Err("leading without any recorded lease renewal".into());
-        };
-        let age = now.saturating_duration_since(last);
-        if age > state.max_renewal_staleness {
-            return Err(format!(
-                "leader lease last renewed {:.1}s ago (limit {:.1}s)",
-                age.as_secs_f64(),
-                state.max_renewal_staleness.as_secs_f64()
-            ));
-        }
-        Ok(())
+        let lease = self.state().lease.as_ref().map(|rx| *rx.borrow());
+        lease.map_or(Ok(()), |lease| lease.check(now))
     }
 
     /// `Ok` if ready, else the reason.
@@ -399,6 +351,7 @@ pub async fn start_servers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn bind(s: &str) -> BindAddress {
         s.parse().unwrap()
@@ -461,22 +414,26 @@ mod tests {
     fn liveness_tracks_renewal_staleness_only_while_leading() {
         let health = Health::default();
         let now = Instant::now();
+        assert!(health.liveness_at(now).is_ok(), "no election: live");
+
+        let (lease, reports) = watch::channel(LeaseHealth::standby(Duration::from_secs(10)));
+        health.follow_lease(reports);
         assert!(health.liveness_at(now).is_ok(), "standby is live");
 
-        health.set_leading(true);
-        health.record_renewal(now);
+        lease.send_modify(|h| {
+            h.leading = true;
+            h.last_renewal = Some(now);
+        });
         assert!(health.liveness_at(now + Duration::from_secs(9)).is_ok());
         let err = health
             .liveness_at(now + Duration::from_secs(11))
             .unwrap_err();
         assert!(err.contains("renewed"), "{err}");
 
-        // An older renewal reported late does not move the clock back.
-        health.record_renewal(now - Duration::from_secs(5));
-        health.record_renewal(now + Duration::from_secs(8));
+        lease.send_modify(|h| h.last_renewal = Some(now + Duration::from_secs(8)));
         assert!(health.liveness_at(now + Duration::from_secs(11)).is_ok());
 
-        health.set_leading(false);
+        lease.send_modify(|h| h.leading = false);
         assert!(health.liveness_at(now + Duration::from_secs(100)).is_ok());
     }
 
@@ -528,8 +485,12 @@ mod tests {
         assert_eq!(get(health_addr, "/readyz").await, (200, "ok".to_owned()));
         assert_eq!(get(health_addr, "/healthz").await, (200, "ok".to_owned()));
 
-        health.set_max_renewal_staleness(Duration::ZERO);
-        health.set_leading(true);
+        let (_lease, reports) = watch::channel(LeaseHealth {
+            leading: true,
+            last_renewal: Some(Instant::now()),
+            max_staleness: Duration::ZERO,
+        });
+        health.follow_lease(reports);
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(get(health_addr, "/healthz").await.0, 500);
 

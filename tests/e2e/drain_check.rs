@@ -17,7 +17,7 @@ use tokio::io::AsyncReadExt;
 use crate::cluster::ControllerOpts;
 use crate::ctx::TestCtx;
 use crate::k8s::*;
-use crate::rbac::{INSPECTOR_ROLE, service_account_kubeconfig};
+use crate::rbac::INSPECTOR_ROLE;
 
 const GPU_NODE: &str = "drain-gpu-1";
 const OTHER_NODE: &str = "drain-gpu-2";
@@ -174,10 +174,12 @@ async fn drain_check_and_audit() {
         return;
     };
     let cluster = &t.isolated_env().cluster;
-    let inspector = service_account_kubeconfig(cluster, "drain-checker", Some(INSPECTOR_ROLE))
+    let inspector = cluster
+        .service_account_kubeconfig("drain-checker", Some(INSPECTOR_ROLE))
         .await
         .expect("inspector identity");
-    let nobody = service_account_kubeconfig(cluster, "nobody", None)
+    let nobody = cluster
+        .service_account_kubeconfig("nobody", None)
         .await
         .expect("identity without rights");
     create_nodes_and_slices(&t).await;

@@ -136,6 +136,27 @@ pub struct ApiserverOptions {
 }
 
 impl Cluster {
+    /// A kubeconfig for a new ServiceAccount `name` in
+    /// [`rbac::SYSTEM_NAMESPACE`], bound to `cluster_role` when given (none:
+    /// a user without rights).
+    pub async fn service_account_kubeconfig(
+        &self,
+        name: &str,
+        cluster_role: Option<&str>,
+    ) -> anyhow::Result<PathBuf> {
+        let admin = self.admin_client().await?;
+        let token = rbac::service_account_with_role(&admin, name, cluster_role).await?;
+        let path = self.dir.join(format!("{name}.kubeconfig"));
+        write_kubeconfig(
+            &path,
+            &self.url()?,
+            &self.ca_file(),
+            &format!("system:serviceaccount:{}:{name}", rbac::SYSTEM_NAMESPACE),
+            &token,
+        )?;
+        Ok(path)
+    }
+
     pub async fn start(bins: &Binaries) -> anyhow::Result<Self> {
         Self::start_with(bins, &ApiserverOptions::default()).await
     }

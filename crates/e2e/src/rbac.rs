@@ -225,15 +225,15 @@ pub async fn reapply_controller_rbac(
 /// The chart's read-only ClusterRole for `drain-check` and `audit`.
 pub const INSPECTOR_ROLE: &str = "dra-claim-controller-inspector";
 
-/// A kubeconfig for a new ServiceAccount `name` in [`SYSTEM_NAMESPACE`],
-/// bound to `cluster_role` when given (none: a user without rights). For
-/// testing what the chart's roles allow, as someone other than admin.
-pub async fn service_account_kubeconfig(
-    cluster: &crate::cluster::Cluster,
+/// A new ServiceAccount `name` in [`SYSTEM_NAMESPACE`], bound to
+/// `cluster_role` when given (none: a user without rights), and a token
+/// for it. For testing what the chart's roles allow, as someone other
+/// than admin (see `Cluster::service_account_kubeconfig`).
+pub async fn service_account_with_role(
+    admin: &kube::Client,
     name: &str,
     cluster_role: Option<&str>,
-) -> anyhow::Result<std::path::PathBuf> {
-    let admin = cluster.admin_client().await?;
+) -> anyhow::Result<String> {
     let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
     sas.create(
         &PostParams::default(),
@@ -254,16 +254,7 @@ pub async fn service_account_kubeconfig(
             .await
             .with_context(|| format!("bind {name} to ClusterRole {role}"))?;
     }
-    let token = service_account_token(&admin, name).await?;
-    let path = cluster.dir.join(format!("{name}.kubeconfig"));
-    crate::cluster::write_kubeconfig(
-        &path,
-        &cluster.url()?,
-        &cluster.ca_file(),
-        &format!("system:serviceaccount:{SYSTEM_NAMESPACE}:{name}"),
-        &token,
-    )?;
-    Ok(path)
+    service_account_token(admin, name).await
 }
 
 /// A token for the controller's ServiceAccount, minted through the
