@@ -220,6 +220,7 @@ impl TestCtx {
     pub fn finish(mut self) {
         self.finished = true;
         self.assert_no_double_allocation();
+        self.assert_no_leaked_claims();
         let restarts = self.restarts() - self.restarts_at_start;
         let note = if restarts > 0 {
             format!(" (controller restarted {restarts} time(s) by its supervisor meanwhile)")
@@ -259,6 +260,33 @@ impl TestCtx {
                 self.name
             );
         }
+    }
+
+    /// With a controller running: once it is quiet, no claim of a finished
+    /// or replaced pod may remain (see `leaks`). Checked in the test's own
+    /// namespace on the shared server, everywhere on an isolated one.
+    fn assert_no_leaked_claims(&self) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.live_replicas().is_empty() {
+            return;
+        }
+        let scope = match &self.env {
+            Env::Shared(_) => Some(self.ns.as_str()),
+            Env::Isolated(_) => None,
+        };
+        let leaked = tokio::task::block_in_place(|| {
+            handle.block_on(crate::leaks::wait_none_leaked(&self.client, scope))
+        });
+        assert!(
+            leaked.is_empty(),
+            "{}: {} claim(s) of finished or replaced pods still there {}s after the test: {:?}",
+            self.name,
+            leaked.len(),
+            crate::leaks::QUIET_WITHIN.as_secs(),
+            &leaked[..leaked.len().min(10)]
+        );
     }
 
     fn replicas(&self) -> Vec<&Arc<Replica>> {

@@ -25,6 +25,7 @@ pub mod faults;
 pub mod helm;
 pub mod invariants;
 pub mod k8s;
+pub mod leaks;
 pub mod nodes;
 pub mod pki;
 pub mod procs;
