@@ -111,10 +111,17 @@ impl Informer {
 }
 
 /// The shortest server-side timeout of a watch request, in seconds.
-const WATCH_TIMEOUT_MIN_SECS: u32 = 40;
+const WATCH_TIMEOUT_MIN_SECS: u32 = 8;
 /// Each watch draws its timeout from `MIN..=MIN + JITTER`, so the watches
 /// (and the replicas) do not all re-watch at the same moment.
-const WATCH_TIMEOUT_JITTER_SECS: u32 = 10;
+const WATCH_TIMEOUT_JITTER_SECS: u32 = 2;
+/// How long kube-runtime waits past the server-side timeout before it
+/// gives a silent stream up (its `WATCH_IDLE_TIMEOUT_MARGIN`).
+const WATCH_IDLE_MARGIN_SECS: u32 = 5;
+/// The longest a silent stream goes unnoticed: the bound the liveness
+/// contract sets (kube-controller-manager 1.36 needs about 14 s).
+pub const SILENT_STREAM_BOUND_SECS: u32 =
+    WATCH_TIMEOUT_MIN_SECS + WATCH_TIMEOUT_JITTER_SECS + WATCH_IDLE_MARGIN_SECS;
 
 /// The configuration of one watch.
 ///
@@ -123,10 +130,13 @@ const WATCH_TIMEOUT_JITTER_SECS: u32 = 10;
 /// the last resourceVersion it saw. A healthy stream always delivers or
 /// ends within the timeout (the API server closes it then), so a stream
 /// that stays silent longer is dead: a stalled proxy or load balancer, a
-/// half-open connection. With 40-50 s timeouts such a stream is replaced at
-/// most 55 s after its last byte, at the cost of one watch request per
-/// watch every 40-50 s (kube-runtime's default, 290 s, trusted a silent
-/// stream for five minutes).
+/// half-open connection (no transport signal tells: the connection stays
+/// open and answers TCP and HTTP/2 pings, only the stream is silent). With
+/// 8–10 s timeouts such a stream is replaced at most 15 s after its last
+/// byte ([`SILENT_STREAM_BOUND_SECS`]), at the cost of one watch request
+/// per watch every 8–10 s, served from the API server's watch cache
+/// (kube-runtime's default, 290 s, trusted a silent stream for five
+/// minutes; our earlier 40–50 s for 55 s).
 pub fn watch_config() -> watcher::Config {
     use rand::Rng;
     let timeout = WATCH_TIMEOUT_MIN_SECS + rand::rng().random_range(0..=WATCH_TIMEOUT_JITTER_SECS);
@@ -185,8 +195,10 @@ mod tests {
             let timeout = watch_config()
                 .timeout
                 .expect("a server-side timeout is set");
-            assert!((40..=50).contains(&timeout), "{timeout}");
+            assert!((8..=10).contains(&timeout), "{timeout}");
+            assert!(timeout + WATCH_IDLE_MARGIN_SECS <= SILENT_STREAM_BOUND_SECS);
         }
+        assert!(SILENT_STREAM_BOUND_SECS <= 15);
     }
 
     #[test]

@@ -173,7 +173,7 @@ async fn silent_watches_are_replaced() {
     const NAME: &str = "silent_watches_are_replaced";
     /// Liveness bound of the check (not a speed target): twice the
     /// controller's worst case.
-    const BOUND: Duration = Duration::from_secs(110);
+    const BOUND: Duration = Duration::from_secs(30);
     let Some(mut t) = TestCtx::isolated(NAME, ControllerOpts::default(), 0).await else {
         return;
     };
