@@ -28,6 +28,8 @@ mod allocator;
 mod drain_check;
 #[path = "e2e/faults_api.rs"]
 mod faults_api;
+#[path = "e2e/faults_finished.rs"]
+mod faults_finished;
 #[path = "e2e/faults_input.rs"]
 mod faults_input;
 #[path = "e2e/faults_races.rs"]

@@ -7,7 +7,8 @@
 //!
 //! - ordinary requests: `409 Conflict`, `429 Too Many Requests` (with
 //!   `Retry-After: 1`), `500`, `503`, or held without an answer (~30 s) and
-//!   then dropped, as a server that stopped answering would;
+//!   then dropped, as a server that stopped answering would, or held a few
+//!   seconds and answered `504` (a load balancer giving up);
 //! - watch requests never get those. Instead a share is answered the way
 //!   kube-apiserver answers a watch from a resourceVersion it no longer has
 //!   (HTTP 200 and one `ERROR` event carrying a `410 Expired` Status, which
@@ -62,6 +63,10 @@ pub struct FaultPlan {
     /// … held for `hold_for`, then the connection is dropped unanswered.
     pub hold: u32,
     pub hold_for: Duration,
+    /// … held for `timeout_after`, then answered `504 Gateway Timeout` (a
+    /// load balancer giving up on a slow server; nothing was forwarded).
+    pub timeout: u32,
+    pub timeout_after: Duration,
     /// Watch requests answered with HTTP 200 and a `410 Expired` ERROR event.
     pub gone_event: u32,
     /// Watch requests answered with a bare HTTP 410.
@@ -99,6 +104,7 @@ pub struct FaultCounts {
     pub internal: AtomicU64,
     pub unavailable: AtomicU64,
     pub hold: AtomicU64,
+    pub timeout: AtomicU64,
     pub gone_event: AtomicU64,
     pub gone_http: AtomicU64,
     pub cut: AtomicU64,
@@ -118,6 +124,7 @@ pub struct Counted {
     pub internal: u64,
     pub unavailable: u64,
     pub hold: u64,
+    pub timeout: u64,
     pub gone_event: u64,
     pub gone_http: u64,
     pub cut: u64,
@@ -134,6 +141,7 @@ impl Counted {
             + self.internal
             + self.unavailable
             + self.hold
+            + self.timeout
             + self.cut
             + self.stall
             + self.gone_event
@@ -153,6 +161,7 @@ impl FaultCounts {
             internal: g(&self.internal),
             unavailable: g(&self.unavailable),
             hold: g(&self.hold),
+            timeout: g(&self.timeout),
             gone_event: g(&self.gone_event),
             gone_http: g(&self.gone_http),
             cut: g(&self.cut),
@@ -310,6 +319,7 @@ enum Verdict {
     ForwardThenFail(StatusCode),
     Status(StatusCode, &'static str),
     Hold(Duration),
+    LateStatus(Duration, StatusCode, &'static str),
     GoneEvent,
 }
 
@@ -398,6 +408,11 @@ fn decide(state: &State, method: &http::Method, path: &str, watch: bool) -> Verd
         bump(&c.hold);
         return Verdict::Hold(plan.hold_for);
     }
+    edge += plan.timeout;
+    if roll < edge {
+        bump(&c.timeout);
+        return Verdict::LateStatus(plan.timeout_after, StatusCode::GATEWAY_TIMEOUT, "Timeout");
+    }
     if method == http::Method::POST
         && path.ends_with("/resourceclaims")
         && rng.random_range(0..1000u32) < plan.lost_create
@@ -470,6 +485,13 @@ async fn handle(
                 .status(StatusCode::OK)
                 .header(header::CONTENT_TYPE, "application/json")
                 .body(full(format!("{event}\n")))?)
+        }
+        Verdict::LateStatus(after, code, reason) => {
+            tokio::time::sleep(after).await;
+            Ok(Response::builder()
+                .status(code)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(full(status_json(code, reason).to_string()))?)
         }
         Verdict::Hold(d) => {
             tokio::time::sleep(d).await;

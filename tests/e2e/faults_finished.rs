@@ -1,0 +1,185 @@
+//! The admin's trial run that once lost events: pods streamed in through a
+//! faulty API (a third of ordinary requests refused or timed out, every
+//! watch stream cut after 15 s, a fifth of new watches answered `410
+//! Gone`), the controller SIGKILLed twice while they are created, then
+//! every second pod finished. No finished pod may keep its claim.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+use crate::cluster::ControllerOpts;
+use crate::ctx::TestCtx;
+use crate::fault_proxy::FaultPlan;
+use crate::faults::{Tally, retrying};
+use crate::faults_api::controller_behind_proxy;
+use crate::faults_restarts::kill_repeatedly;
+use crate::k8s::{Source, pod_manifest};
+
+const PODS: usize = 700;
+/// How the test paces creations: 50 pods a second.
+const CREATE_EVERY: Duration = Duration::from_millis(20);
+/// The run ends once the claims have not changed for this long.
+const QUIET_FOR: Duration = Duration::from_secs(10);
+/// Liveness bound for the whole run to go quiet (not a speed target).
+const QUIET_WITHIN: Duration = Duration::from_secs(600);
+
+fn plan() -> FaultPlan {
+    FaultPlan {
+        // 30 % of ordinary requests: 409, 429, 500, 503, and 504 after 3 s.
+        conflict: 60,
+        too_many: 60,
+        internal: 60,
+        unavailable: 60,
+        timeout: 60,
+        timeout_after: Duration::from_secs(3),
+        // A fifth of new watches refused as expired, both ways the proxy
+        // knows; every stream that is opened cut within 15 s.
+        gone_event: 100,
+        gone_http: 100,
+        cut: 1000,
+        cut_after: (Duration::from_secs(2), Duration::from_secs(15)),
+        spare: vec!["/apis/coordination.k8s.io/".into()],
+        ..FaultPlan::default()
+    }
+}
+
+/// `claim name → (owner pod name, resourceVersion)` of the namespace.
+async fn claims(t: &TestCtx) -> BTreeMap<String, (String, String)> {
+    let api: Api<ResourceClaim> = Api::namespaced(t.client.clone(), &t.ns);
+    let list = retrying("list claims", Duration::from_secs(60), async || {
+        Ok(api.list(&ListParams::default()).await?)
+    })
+    .await;
+    list.items
+        .into_iter()
+        .map(|c| {
+            let owner = c
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.controller == Some(true))
+                .map(|o| o.name.clone())
+                .unwrap_or_default();
+            (
+                c.metadata.name.unwrap_or_default(),
+                (owner, c.metadata.resource_version.unwrap_or_default()),
+            )
+        })
+        .collect()
+}
+
+/// Waits until the claims have not changed for [`QUIET_FOR`].
+async fn wait_quiet(t: &TestCtx) -> BTreeMap<String, (String, String)> {
+    let started = Instant::now();
+    let mut last = claims(t).await;
+    let mut since = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = claims(t).await;
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() >= QUIET_FOR {
+            return last;
+        }
+        assert!(
+            started.elapsed() < QUIET_WITHIN,
+            "{}: claims still changing after {}s",
+            t.name,
+            QUIET_WITHIN.as_secs()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_pods_keep_no_claims_under_faults() {
+    const NAME: &str = "finished_pods_keep_no_claims_under_faults";
+    let Some(mut t) = TestCtx::isolated(NAME, ControllerOpts::default(), 0).await else {
+        return;
+    };
+    let proxy = controller_behind_proxy(&mut t, plan()).await;
+    t.create_template("tmpl").await;
+    let pods: Api<Pod> = Api::namespaced(t.client.clone(), &t.ns);
+    let names: Vec<String> = (0..PODS).map(|i| format!("c-{i}")).collect();
+    let mut kills = 0;
+    let start = Instant::now();
+    for (i, name) in names.iter().enumerate() {
+        let pod: Pod = serde_json::from_value(pod_manifest(
+            name,
+            &[("gpu", Source::Template("tmpl"))],
+            None,
+        ))
+        .unwrap();
+        retrying("create pod", Duration::from_secs(60), async || {
+            Ok(pods.create(&Default::default(), &pod).await?)
+        })
+        .await;
+        if i == PODS / 3 || i == 2 * PODS / 3 {
+            kills += kill_repeatedly(&t, 1).await;
+        }
+        let due = start + CREATE_EVERY * (i as u32 + 1);
+        tokio::time::sleep_until(due.into()).await;
+    }
+    let created = wait_quiet(&t).await;
+    let owners: BTreeSet<&str> = created.values().map(|(o, _)| o.as_str()).collect();
+    assert_eq!(owners.len(), PODS, "{NAME}: every pod has its claim");
+    assert_eq!(created.len(), PODS, "{NAME}: one claim per pod");
+
+    let finished: BTreeSet<String> = names.iter().step_by(2).cloned().collect();
+    for name in &finished {
+        retrying("finish pod", Duration::from_secs(60), async || {
+            Ok(pods
+                .patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+                )
+                .await?)
+        })
+        .await;
+    }
+    let after = wait_quiet(&t).await;
+    let leaked: Vec<&String> = after
+        .iter()
+        .filter(|(_, (owner, _))| finished.contains(owner))
+        .map(|(name, _)| name)
+        .collect();
+    let running_kept = after
+        .values()
+        .filter(|(owner, _)| !finished.contains(owner))
+        .count();
+
+    let counts = proxy.counts();
+    let tally = Tally {
+        kill: kills as u64,
+        violations: leaked.len(),
+        ..Tally::from_proxy(&counts)
+    }
+    .with("504", counts.timeout);
+    tally.print(NAME);
+    proxy.set_enabled(false);
+    assert!(
+        leaked.is_empty(),
+        "{NAME}: {} of {} finished pods kept their claims: {:?}",
+        leaked.len(),
+        finished.len(),
+        &leaked[..leaked.len().min(10)]
+    );
+    assert_eq!(
+        running_kept,
+        PODS - finished.len(),
+        "{NAME}: running pods keep theirs"
+    );
+    assert!(
+        counts.faults() + kills as u64 >= 1000,
+        "{NAME}: only {} faults injected",
+        counts.faults() + kills as u64
+    );
+    t.finish();
+}
