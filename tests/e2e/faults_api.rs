@@ -296,7 +296,9 @@ async fn every_fault_mixed_in_one_run() {
         &expect,
         [&created, &done],
         tally,
-        1000,
+        // Runs inject 1,150-1,400; half of that still exercises every
+        // kind, and leaves machine speed out of the verdict.
+        500,
     )
     .await;
 }

@@ -176,10 +176,24 @@ async fn finished_pods_keep_no_claims_under_faults() {
         PODS - finished.len(),
         "{NAME}: running pods keep theirs"
     );
-    assert!(
-        counts.faults() + kills as u64 >= 1000,
-        "{NAME}: only {} faults injected",
-        counts.faults() + kills as u64
-    );
+    // Each kind of fault must really have happened, often enough to have
+    // hit every step of the lifecycle. The bounds sit far below what the
+    // plan yields (about 6 % of some 3,000 requests each, a cut per watch
+    // every 2-15 s) so that machine speed does not decide the verdict.
+    let injected = [
+        ("409", counts.conflict, 60),
+        ("429", counts.too_many, 60),
+        ("500", counts.internal, 60),
+        ("503", counts.unavailable, 60),
+        ("504 after 3 s", counts.timeout, 60),
+        ("cut watch", counts.cut, 4),
+        ("410 Gone", counts.gone_event + counts.gone_http, 2),
+    ];
+    for (kind, seen, at_least) in injected {
+        assert!(
+            seen >= at_least,
+            "{NAME}: only {seen} faults of kind {kind} injected (want {at_least}+)"
+        );
+    }
     t.finish();
 }
