@@ -63,6 +63,22 @@ fn init_logging_with(level: &str, fallback: &str, format: crate::cli::LogFormat)
     }
 }
 
+/// The exit code of a process that panicked (BSD's EX_SOFTWARE).
+pub const PANIC_EXIT_CODE: i32 = 70;
+
+/// A panic anywhere ends the process with [`PANIC_EXIT_CODE`], so that the
+/// Deployment restarts it: a worker task that died on its own would leave
+/// its key "processing" forever and the process quietly smaller. (Release
+/// builds also abort on panic; this covers every build.)
+pub fn exit_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        error!(panic = %info, "panicked; exiting so that the process is restarted");
+        std::process::exit(PANIC_EXIT_CODE);
+    }));
+}
+
 /// Runs a read-only command (drain-check, audit) as `program`.
 pub fn run_tool(program: &str, tool: crate::inspect::Tool) -> ExitCode {
     init_tool_logging();

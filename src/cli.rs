@@ -33,7 +33,7 @@ pub struct Args {
     pub kubeconfig: Option<PathBuf>,
 
     /// Sustained requests per second to the API server, shared by every request of the process (0 = unlimited).
-    #[arg(long, default_value_t = DEFAULT_QPS)]
+    #[arg(long, default_value_t = DEFAULT_QPS, value_parser = parse_qps)]
     pub kube_api_qps: f32,
 
     /// Requests that may be sent back to back before the QPS pacing applies.
@@ -54,7 +54,7 @@ pub struct Args {
     pub feature_gates: FeatureGateFlag,
 
     /// Every cached pod and claim is re-examined at a random period between this and twice this (as kube-controller-manager's informers), from the caches: a missed event heals by itself.
-    #[arg(long, default_value_t = FlagDuration(DEFAULT_MIN_RESYNC_PERIOD))]
+    #[arg(long, default_value_t = FlagDuration(DEFAULT_MIN_RESYNC_PERIOD), value_parser = parse_resync_period)]
     pub min_resync_period: FlagDuration,
 
     /// Elect a leader through a Lease before doing any work (turn off only with a single replica).
@@ -90,7 +90,7 @@ pub struct Args {
     pub health_probe_bind_address: BindAddress,
 
     /// On SIGTERM, how long in-flight syncs may take to finish before the lease is released.
-    #[arg(long, default_value_t = FlagDuration(DEFAULT_SHUTDOWN_TIMEOUT))]
+    #[arg(long, default_value_t = FlagDuration(DEFAULT_SHUTDOWN_TIMEOUT), value_parser = parse_shutdown_timeout)]
     pub shutdown_timeout: FlagDuration,
 
     /// Names of the claim metrics: 1.36 (resourceclaim_controller_*), 1.37 (dynamic_resource_allocation_*, with owner_api_group/owner_api_kind on the creates counter) or both (same values), so dashboards written for either release work.
@@ -112,6 +112,57 @@ pub struct Args {
 
 fn parse_gates(s: &str) -> Result<FeatureGateFlag, String> {
     s.parse()
+}
+
+/// The least QPS that is not 0 (unlimited): one request every 1,000 s.
+const MIN_QPS: f32 = 0.001;
+/// More than any API server serves one client.
+const MAX_QPS: f32 = 1_000_000.0;
+
+/// `--kube-api-qps`: 0 (unlimited) or a finite rate the token bucket can
+/// pace.
+fn parse_qps(s: &str) -> Result<f32, String> {
+    let qps: f32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if !qps.is_finite() || qps < 0.0 {
+        return Err(format!("{s:?}: must be 0 (unlimited) or a positive number"));
+    }
+    if qps != 0.0 && !(MIN_QPS..=MAX_QPS).contains(&qps) {
+        return Err(format!(
+            "{s:?}: must be 0 (unlimited) or between {MIN_QPS} and {MAX_QPS}"
+        ));
+    }
+    Ok(qps)
+}
+
+/// `--min-resync-period`: at least a second (a shorter one would spin), at
+/// most a week (past that the "missed events heal" promise means nothing).
+fn parse_resync_period(s: &str) -> Result<FlagDuration, String> {
+    bounded(
+        s,
+        Duration::from_secs(1),
+        Duration::from_secs(7 * 24 * 3600),
+    )
+}
+
+/// `--shutdown-timeout`: at most an hour (a kubelet's grace period is far
+/// shorter; a longer wait only delays the next leader).
+fn parse_shutdown_timeout(s: &str) -> Result<FlagDuration, String> {
+    bounded(s, Duration::ZERO, Duration::from_secs(3600))
+}
+
+fn bounded(s: &str, min: Duration, max: Duration) -> Result<FlagDuration, String> {
+    let d = parse_duration(s)?;
+    if d < min || d > max {
+        return Err(format!(
+            "{s:?}: must be between {} and {}",
+            FlagDuration(min),
+            FlagDuration(max)
+        ));
+    }
+    Ok(FlagDuration(d))
 }
 
 /// kube-controller-manager's `--min-resync-period` default.
@@ -189,11 +240,19 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     secs_to_duration(total, s)
 }
 
+/// The longest duration any flag takes: longer settings are typos.
+const MAX_FLAG_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
 fn secs_to_duration(secs: f64, input: &str) -> Result<Duration, String> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("{input:?}: duration must be a non-negative number"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if d <= MAX_FLAG_DURATION => Ok(d),
+        _ => Err(format!(
+            "{input:?}: longer than a year, not a meaningful setting"
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -218,8 +277,66 @@ mod tests {
                 "{input}"
             );
         }
-        for bad in ["", "s", "10x", "-1", "1.2.3s"] {
+        for bad in [
+            "",
+            "s",
+            "10x",
+            "-1",
+            "1.2.3s",
+            "1e20",
+            "NaN",
+            "inf",
+            "9999999999h",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// Absurd values are refused by the parser, with the flag named, never
+    /// accepted to panic later (a duration overflowing a sleep, a NaN rate).
+    #[test]
+    fn absurd_flag_values_name_the_flag() {
+        let rows = [
+            ("--min-resync-period", "1e20"),
+            ("--min-resync-period", "NaN"),
+            ("--min-resync-period", "0"),
+            ("--min-resync-period", "-5s"),
+            ("--min-resync-period", "400d"),
+            ("--min-resync-period", "30000h"),
+            ("--kube-api-qps", "NaN"),
+            ("--kube-api-qps", "-1"),
+            ("--kube-api-qps", "inf"),
+            ("--kube-api-qps", "1e30"),
+            ("--kube-api-qps", "0.0000001"),
+            ("--kube-api-burst", "-1"),
+            ("--kube-api-burst", "99999999999"),
+            ("--concurrent-syncs", "0"),
+            ("--concurrent-syncs", "1000000"),
+            ("--shutdown-timeout", "2h"),
+            ("--leader-elect-lease-duration", "1e300"),
+            ("--leader-elect-retry-period", "-1s"),
+            ("--metrics-bind-address", "nowhere:99999"),
+            ("--feature-gates", "DRAAdminAccess=maybe"),
+        ];
+        for (flag, value) in rows {
+            // `--flag=value`, so that a leading '-' reaches the value parser.
+            let arg = format!("{flag}={value}");
+            let err = Args::try_parse_from(["dra-claim-controller", arg.as_str()])
+                .err()
+                .unwrap_or_else(|| panic!("{flag}={value} was accepted"));
+            let text = err.to_string();
+            assert!(text.contains(flag), "{flag}={value}: {text}");
+        }
+        for (flag, value) in [
+            ("--kube-api-qps", "0"),
+            ("--kube-api-qps", "0.5"),
+            ("--min-resync-period", "1s"),
+            ("--shutdown-timeout", "0"),
+        ] {
+            assert!(
+                Args::try_parse_from(["dra-claim-controller", flag, value]).is_ok(),
+                "{flag}={value}"
+            );
         }
     }
 

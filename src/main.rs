@@ -10,6 +10,7 @@ use dra_claim_controller::app;
 use dra_claim_controller::cli::Args;
 
 fn main() -> ExitCode {
+    app::exit_on_panic();
     let mut args = Args::try_parse().unwrap_or_else(|e| app::exit_usage(e));
     if let Some(tool) = args.tool.take() {
         return app::run_tool("dra-claim-controller", tool);

@@ -103,22 +103,22 @@ impl LeaderElectionOptions {
     pub fn validate(&self) -> anyhow::Result<()> {
         ensure!(
             !self.lease_name.is_empty(),
-            "leader election lease name is empty"
+            "--leader-elect-resource-name is empty"
         );
         ensure!(
             !self.retry_period.is_zero(),
-            "leader election retry period must be positive"
+            "--leader-elect-retry-period must be positive"
         );
         ensure!(
             self.lease_duration > self.renew_deadline,
-            "leader election lease duration ({:?}) must be greater than the renew deadline ({:?})",
+            "--leader-elect-lease-duration ({:?}) must be greater than --leader-elect-renew-deadline ({:?})",
             self.lease_duration,
             self.renew_deadline
         );
         ensure!(
             self.renew_deadline.as_secs_f64()
                 > self.retry_period.as_secs_f64() * (1.0 + RETRY_JITTER),
-            "leader election renew deadline ({:?}) must be greater than 1.2 × the retry period ({:?})",
+            "--leader-elect-renew-deadline ({:?}) must be greater than 1.2 × --leader-elect-retry-period ({:?})",
             self.renew_deadline,
             self.retry_period
         );
