@@ -13,8 +13,10 @@ use std::sync::Arc;
 use crate::controllers::allocator::{Controller as Allocator, SharedStores};
 use crate::controllers::resourceclaim::Controller;
 use crate::runtime::client::{ClientOptions, build_client};
-use crate::runtime::http::{Health, start_servers};
+use crate::runtime::delegated::Gate;
+use crate::runtime::http::{Health, MetricsAccess, start_servers};
 use crate::runtime::leader::{LeaderElection, LeaderElectionOptions};
+use crate::runtime::tls::{CertFiles, CertSource, server_config};
 
 use tracing_subscriber::EnvFilter;
 
@@ -119,6 +121,32 @@ pub fn block_on_exit(
     }
 }
 
+/// How `/metrics` is served, from `--metrics-secure` and the TLS flags.
+fn metrics_access(args: &Args, client: &kube::Client) -> anyhow::Result<MetricsAccess> {
+    if !args.metrics_secure {
+        return Ok(MetricsAccess::Open);
+    }
+    let source = match (&args.tls_cert_file, &args.tls_private_key_file) {
+        (Some(cert), Some(key)) => CertSource::Files(CertFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        // Made in memory for this process; Prometheus skips verification
+        // (the chart's default) or is given a real certificate instead.
+        _ => CertSource::SelfSigned(vec![
+            "localhost".into(),
+            hostname::get()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "dra-claim-controller".into()),
+        ]),
+    };
+    Ok(MetricsAccess::Secure {
+        tls: server_config(source)?,
+        gate: Arc::new(Gate::new(client.clone())),
+    })
+}
+
 /// Runs until SIGTERM/SIGINT (exit 0 after a clean hand-over) or until
 /// leadership is lost (exit 1, so the Deployment restarts the pod).
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -140,6 +168,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.health_probe_bind_address,
         registry.clone(),
         health.clone(),
+        metrics_access(&args, &client)?,
         stopped(stop_rx.clone()),
     )
     .await?;

@@ -85,6 +85,18 @@ pub struct Args {
     #[arg(long, default_value_t = BindAddress::all_interfaces(8080))]
     pub metrics_bind_address: BindAddress,
 
+    /// Serve /metrics over HTTPS to bearer tokens whose user may get the URL (TokenReview and SubjectAccessReview against the API server), as kube-controller-manager's secure port does. false: plain HTTP for anyone who can connect (loopback, or a mesh that authenticates).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub metrics_secure: bool,
+
+    /// PEM certificate (chain) for the HTTPS /metrics; re-read when it changes. Without it (and --tls-private-key-file) a self-signed certificate is made at start.
+    #[arg(long, requires = "tls_private_key_file")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+
+    /// PEM private key of --tls-cert-file.
+    #[arg(long, requires = "tls_cert_file")]
+    pub tls_private_key_file: Option<std::path::PathBuf>,
+
     /// Address for /healthz and /readyz ("0" = off).
     #[arg(long, default_value_t = BindAddress::all_interfaces(8081))]
     pub health_probe_bind_address: BindAddress,

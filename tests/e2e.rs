@@ -56,3 +56,5 @@ mod scenarios_scale;
 mod differential;
 #[path = "e2e/handover.rs"]
 mod handover;
+#[path = "e2e/hostile.rs"]
+mod hostile;

@@ -366,6 +366,9 @@ fn expected_cluster_rules() -> BTreeMap<(String, String), BTreeSet<String>> {
             &["get", "list", "watch"],
         ),
         ("", "events", &["create", "patch"]),
+        // metrics.secure (the default): delegated authn/authz of scrapes.
+        ("authentication.k8s.io", "tokenreviews", &["create"]),
+        ("authorization.k8s.io", "subjectaccessreviews", &["create"]),
     ]
     .into_iter()
     .map(|(g, r, verbs)| {
@@ -446,7 +449,11 @@ fn inspector_role_is_read_only_and_unbound() {
         "true"
     );
     let docs = render_or_skip!(&[("inspectorRole.create", "false")]);
-    assert_eq!(all_of_kind(&docs, "ClusterRole").len(), 1);
+    assert!(
+        all_of_kind(&docs, "ClusterRole")
+            .iter()
+            .all(|r| str_of(&r["metadata"]["name"]) != name)
+    );
 }
 
 #[test]
@@ -579,7 +586,7 @@ fn deployment_shape() {
         pod["serviceAccountName"],
         one_of_kind(&docs, "ServiceAccount")["metadata"]["name"]
     );
-    assert!(pod["priorityClassName"].is_null());
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
 
     // selector matches the pod labels
     let selector = deploy["spec"]["selector"]["matchLabels"]
@@ -725,6 +732,17 @@ fn expected_args(values: &Value) -> Vec<String> {
             str_of(&values["health"]["port"])
         ),
         format!("--metrics-naming={}", str_of(&values["metrics"]["naming"])),
+        format!("--metrics-secure={}", str_of(&values["metrics"]["secure"])),
+    ]);
+    if values["metrics"]["secure"].as_bool() == Some(true)
+        && !str_of(&values["metrics"]["tlsSecretName"]).is_empty()
+    {
+        out.extend([
+            "--tls-cert-file=/etc/dra-claim-controller/tls/tls.crt".to_string(),
+            "--tls-private-key-file=/etc/dra-claim-controller/tls/tls.key".to_string(),
+        ]);
+    }
+    out.extend([
         format!("--shutdown-timeout={}", str_of(&values["shutdownTimeout"])),
         format!("--log-format={}", str_of(&values["logging"]["format"])),
         format!("--log-level={}", str_of(&values["logging"]["level"])),
@@ -960,6 +978,148 @@ fn pod_disruption_budget() {
     let pdb = one_of_kind(&docs, "PodDisruptionBudget");
     assert_eq!(pdb["spec"]["maxUnavailable"], "50%");
     assert!(pdb["spec"]["minAvailable"].is_null());
+
+    // One replica: a budget would block every drain of its node.
+    let docs = render_or_skip!(&[("replicas", "1")]);
+    assert!(all_of_kind(&docs, "PodDisruptionBudget").is_empty());
+}
+
+#[test]
+fn critical_priority_by_default_with_a_switch() {
+    let docs = render_or_skip!(&[]);
+    let pod = &one_of_kind(&docs, "Deployment")["spec"]["template"]["spec"];
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    let docs = render_or_skip!(&[("priorityClassName", "")]);
+    let pod = &one_of_kind(&docs, "Deployment")["spec"]["template"]["spec"];
+    assert!(pod["priorityClassName"].is_null());
+}
+
+// ---------------------------------------------------------------------------
+// Secure metrics
+// ---------------------------------------------------------------------------
+
+fn metrics_reader(docs: &[Value]) -> Option<&Value> {
+    let name = format!("{RELEASE}-dra-claim-controller-metrics-reader");
+    all_of_kind(docs, "ClusterRole")
+        .into_iter()
+        .find(|r| str_of(&r["metadata"]["name"]) == name)
+}
+
+#[test]
+fn metrics_reader_role_grants_only_get_on_metrics() {
+    let docs = render_or_skip!(&[]);
+    let role = metrics_reader(&docs).expect("metrics-reader ClusterRole rendered");
+    let rules = role["rules"].as_sequence().unwrap();
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    assert_eq!(strings(&rules[0]["nonResourceURLs"]), ["/metrics"]);
+    assert_eq!(strings(&rules[0]["verbs"]), ["get"]);
+    assert!(rules[0]["resources"].is_null() && rules[0]["apiGroups"].is_null());
+    for binding in all_of_kind(&docs, "ClusterRoleBinding") {
+        assert_ne!(
+            binding["roleRef"]["name"], role["metadata"]["name"],
+            "bound by the admin to Prometheus' account"
+        );
+    }
+    let docs = render_or_skip!(&[("metrics.readerRole.create", "false")]);
+    assert!(metrics_reader(&docs).is_none());
+}
+
+#[test]
+fn service_monitor_scrapes_https_with_a_token() {
+    let docs = render_or_skip!(&[("serviceMonitor.enabled", "true")]);
+    let endpoint = &one_of_kind(&docs, "ServiceMonitor")["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"], "https");
+    assert_eq!(
+        endpoint["bearerTokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    assert_eq!(endpoint["tlsConfig"]["insecureSkipVerify"], true);
+    assert!(endpoint["tlsConfig"]["ca"].is_null());
+
+    let docs = render_or_skip!(&[
+        ("serviceMonitor.enabled", "true"),
+        ("serviceMonitor.tlsConfig.insecureSkipVerify", "false"),
+        (
+            "serviceMonitor.tlsConfig.serverName",
+            "dra-metrics.dra-system.svc"
+        ),
+        ("serviceMonitor.tlsConfig.caSecret.name", "dra-ca"),
+        ("metrics.tlsSecretName", "dra-metrics-tls"),
+    ]);
+    let endpoint = &one_of_kind(&docs, "ServiceMonitor")["spec"]["endpoints"][0];
+    assert_eq!(endpoint["tlsConfig"]["insecureSkipVerify"], false);
+    assert_eq!(
+        endpoint["tlsConfig"]["serverName"],
+        "dra-metrics.dra-system.svc"
+    );
+    assert_eq!(endpoint["tlsConfig"]["ca"]["secret"]["name"], "dra-ca");
+    assert_eq!(endpoint["tlsConfig"]["ca"]["secret"]["key"], "ca.crt");
+    let pod = &one_of_kind(&docs, "Deployment")["spec"]["template"]["spec"];
+    let volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "metrics-tls")
+        .expect("the TLS Secret is mounted");
+    assert_eq!(volume["secret"]["secretName"], "dra-metrics-tls");
+    let a = args(&docs);
+    assert!(a.contains(&"--tls-cert-file=/etc/dra-claim-controller/tls/tls.crt".to_string()));
+    assert!(
+        a.contains(&"--tls-private-key-file=/etc/dra-claim-controller/tls/tls.key".to_string())
+    );
+}
+
+#[test]
+fn plain_metrics_drop_tls_review_rights_and_reader_role() {
+    let docs = render_or_skip!(&[
+        ("metrics.secure", "false"),
+        ("serviceMonitor.enabled", "true"),
+        ("metrics.tlsSecretName", "ignored"),
+    ]);
+    let endpoint = &one_of_kind(&docs, "ServiceMonitor")["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"], "http");
+    assert!(endpoint["bearerTokenFile"].is_null() && endpoint["tlsConfig"].is_null());
+    assert!(metrics_reader(&docs).is_none());
+    assert!(args(&docs).contains(&"--metrics-secure=false".to_string()));
+    assert!(!args(&docs).iter().any(|a| a.starts_with("--tls-")));
+    let rules = bound_cluster_rules(&docs);
+    assert!(!rules.contains_key(&("authentication.k8s.io".into(), "tokenreviews".into())));
+    assert!(!rules.contains_key(&("authorization.k8s.io".into(), "subjectaccessreviews".into())));
+}
+
+#[test]
+fn network_policy_admits_only_listed_scrapers() {
+    let docs = render_or_skip!(&[]);
+    assert!(
+        all_of_kind(&docs, "NetworkPolicy").is_empty(),
+        "off by default"
+    );
+    let docs = render_or_skip!(&[
+        ("networkPolicy.enabled", "true"),
+        (
+            "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name",
+            "monitoring"
+        ),
+    ]);
+    let policy = one_of_kind(&docs, "NetworkPolicy");
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"],
+        one_of_kind(&docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(strings(&policy["spec"]["policyTypes"]), ["Ingress"]);
+    let ingress = policy["spec"]["ingress"].as_sequence().unwrap();
+    assert_eq!(ingress.len(), 2, "{ingress:?}");
+    assert_eq!(ingress[0]["ports"][0]["port"], "health");
+    assert!(ingress[0]["from"].is_null(), "probes from anywhere");
+    assert_eq!(ingress[1]["ports"][0]["port"], "metrics");
+    assert_eq!(
+        ingress[1]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "monitoring"
+    );
+    // Without scrapers listed, nobody reaches /metrics.
+    let docs = render_or_skip!(&[("networkPolicy.enabled", "true")]);
+    let ingress = one_of_kind(&docs, "NetworkPolicy")["spec"]["ingress"].clone();
+    assert_eq!(ingress.as_sequence().unwrap().len(), 1);
 }
 
 // ---------------------------------------------------------------------------

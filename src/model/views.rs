@@ -37,9 +37,79 @@ struct ClaimMeta {
     uid: Option<String>,
     resource_version: Option<String>,
     deletion_timestamp: Option<Time>,
+    #[serde(default, deserialize_with = "annotations_read")]
     annotations: Option<BTreeMap<String, String>>,
+    #[serde(default, deserialize_with = "controller_reference")]
     owner_references: Option<Vec<OwnerReference>>,
     finalizers: Option<Vec<String>>,
+}
+
+/// The annotation keys of a claim this controller reads. A tenant owns the
+/// rest (up to 256 KiB per claim) and none of it is held in memory.
+const CLAIM_ANNOTATIONS_READ: [&str; 2] = [
+    crate::naming::POD_CLAIM_NAME_ANNOTATION,
+    crate::naming::EXTENDED_RESOURCE_CLAIM_ANNOTATION,
+];
+
+/// The longest value of a read annotation that can mean anything: a pod
+/// claim entry name is a DNS label (63), the other one says "true". A
+/// longer value matches nothing, so it is dropped instead of held.
+const ANNOTATION_VALUE_MAX: usize = 253;
+
+/// `metadata.annotations`, keeping only [`CLAIM_ANNOTATIONS_READ`]: every
+/// other key is parsed past without allocating its value.
+fn annotations_read<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    struct Read;
+    impl<'de> serde::de::Visitor<'de> for Read {
+        type Value = Option<BTreeMap<String, String>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a map of annotations")
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
+            d.deserialize_map(Read)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut kept = BTreeMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                match CLAIM_ANNOTATIONS_READ.iter().find(|k| **k == key) {
+                    Some(read) => {
+                        let value: String = map.next_value()?;
+                        if value.len() <= ANNOTATION_VALUE_MAX {
+                            kept.insert((*read).to_owned(), value);
+                        }
+                    }
+                    None => {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok((!kept.is_empty()).then_some(kept))
+        }
+    }
+    d.deserialize_option(Read)
+}
+
+/// `metadata.ownerReferences`, keeping only the controller reference (the
+/// API server allows one): every decision reads that one, and a tenant may
+/// add any number of others.
+fn controller_reference<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<OwnerReference>>, D::Error> {
+    let all: Option<Vec<OwnerReference>> = Option::deserialize(d)?;
+    Ok(all
+        .and_then(|refs| refs.into_iter().find(|o| o.controller == Some(true)))
+        .map(|controller| vec![controller]))
 }
 
 fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
@@ -803,6 +873,48 @@ mod tests {
         }))
         .unwrap();
         assert!(!nulls.is_relevant());
+    }
+
+    /// What a tenant writes on a claim beyond what the controller reads is
+    /// not held: other annotations, overlong values, owners that are not
+    /// the controller.
+    #[test]
+    fn claim_view_holds_only_what_is_read() {
+        let bloat = "x".repeat(100 * 1024);
+        let claim: ClaimView = serde_json::from_slice(
+            serde_json::to_vec(&json!({
+                "metadata": {"name": "c", "namespace": "ns",
+                    "annotations": {
+                        "a": bloat,
+                        "resource.kubernetes.io/pod-claim-name": "gpu",
+                        "resource.kubernetes.io/extended-resource-claim": "y".repeat(300),
+                        "z": {"not": "a string"},
+                    },
+                    "ownerReferences": [
+                        {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "x"},
+                        {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u1", "controller": true},
+                        {"apiVersion": "v1", "kind": "Secret", "name": "y", "uid": "y", "controller": false},
+                    ]}
+            }))
+            .unwrap()
+            .as_slice(),
+        )
+        .unwrap();
+        let kept = claim.metadata.annotations.as_ref().unwrap();
+        assert_eq!(
+            kept.iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect::<Vec<_>>(),
+            [("resource.kubernetes.io/pod-claim-name", "gpu")]
+        );
+        assert_eq!(claim.owner_references().len(), 1);
+        assert_eq!(claim.owner_references()[0].uid, "u1");
+        for nothing in [json!(null), json!({}), json!({"other": "1"})] {
+            let claim: ClaimView =
+                serde_json::from_value(json!({"metadata": {"name": "c", "annotations": nothing}}))
+                    .unwrap();
+            assert!(claim.metadata.annotations.is_none(), "{nothing}");
+        }
     }
 
     #[test]

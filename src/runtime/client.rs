@@ -414,6 +414,14 @@ pub fn is_lease_request(uri: &http::Uri) -> bool {
     uri.path().starts_with("/apis/coordination.k8s.io/")
 }
 
+/// Event writes: they have a budget of their own (`runtime::events`), so
+/// that a burst of warnings never delays a claim write.
+pub fn is_event_request(uri: &http::Uri) -> bool {
+    let path = uri.path();
+    path.starts_with("/apis/events.k8s.io/")
+        || (path.starts_with("/api/v1/namespaces/") && path.split('/').nth(5) == Some("events"))
+}
+
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 impl<S, B, RB> Service<Request<B>> for ClientService<S>
@@ -451,7 +459,11 @@ where
             if !exempt && layer.drain.is_draining() {
                 return Err(refuse());
             }
-            if let Some(limiter) = &layer.limiter {
+            if let Some(limiter) = layer
+                .limiter
+                .as_ref()
+                .filter(|_| !is_event_request(req.uri()))
+            {
                 let waiting = Instant::now();
                 if exempt {
                     // Lease renewals count against the budget but never
@@ -543,6 +555,25 @@ mod tests {
             svc.clone().oneshot(lease).await.is_ok(),
             "the lease release still goes out"
         );
+    }
+
+    #[test]
+    fn event_requests_are_recognised() {
+        let rows = [
+            ("/api/v1/namespaces/ns/events", true),
+            ("/api/v1/namespaces/ns/events/p.1", true),
+            ("/apis/events.k8s.io/v1/namespaces/ns/events", true),
+            ("/api/v1/namespaces/events/pods/p", false),
+            ("/api/v1/namespaces/ns/pods/events", false),
+            (
+                "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims",
+                false,
+            ),
+        ];
+        for (path, want) in rows {
+            let uri: http::Uri = format!("https://h{path}").parse().unwrap();
+            assert_eq!(is_event_request(&uri), want, "{path}");
+        }
     }
 
     #[test]

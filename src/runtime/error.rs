@@ -8,7 +8,8 @@ use std::fmt;
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
     /// A guarded write found the object changed since it was read (409, or
-    /// 422 from a failed JSON Patch `test`): decide again on fresh state.
+    /// a 422 that reports a failed JSON Patch `test`): decide again on fresh
+    /// state.
     #[error("{what}: the object changed meanwhile: {source}")]
     Conflict {
         what: String,
@@ -19,6 +20,15 @@ pub enum SyncError {
     /// failure, connection lost before a response).
     #[error("{what}: API server unreachable: {source}")]
     Unreachable {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The API server refused the write as invalid (422 from validation):
+    /// the same write fails again until the object, a webhook or this
+    /// controller changes, so it is retried with growing backoff, loudly.
+    #[error("{what}: rejected as invalid by the API server: {source}")]
+    Rejected {
         what: String,
         #[source]
         source: kube::Error,
@@ -42,6 +52,8 @@ pub enum Reached {
     /// An answer came back, telling that the state was not what a guard
     /// expected.
     Conflict,
+    /// An answer came back refusing the write as invalid.
+    Invalid,
     /// An answer came back with another error.
     Answered,
     /// No answer came back.
@@ -51,11 +63,32 @@ pub enum Reached {
 /// Classifies a client error.
 pub fn reached(err: &kube::Error) -> Reached {
     match err {
-        kube::Error::Api(status) if status.code == 409 || status.code == 422 => Reached::Conflict,
+        kube::Error::Api(status) if status.code == 409 => Reached::Conflict,
+        kube::Error::Api(status) if status.code == 422 => {
+            if is_failed_patch_test(status) {
+                Reached::Conflict
+            } else {
+                Reached::Invalid
+            }
+        }
         kube::Error::Api(_) => Reached::Answered,
         kube::Error::HyperError(_) | kube::Error::Service(_) => Reached::Nowhere,
         _ => Reached::Answered,
     }
+}
+
+/// Whether a 422 reports a JSON Patch `test` operation that failed. The
+/// API server answers those with a bare 422 (no kind, no field causes) that
+/// carries the patch library's message ("testing value /x failed"), while a
+/// validation failure names the kind and the invalid fields.
+fn is_failed_patch_test(status: &kube::core::Status) -> bool {
+    let mentions_test = |text: &str| text.contains("testing value") || text.contains("test failed");
+    mentions_test(&status.message)
+        || status
+            .details
+            .iter()
+            .flat_map(|d| d.causes.iter())
+            .any(|c| mentions_test(&c.message))
 }
 
 impl SyncError {
@@ -65,6 +98,7 @@ impl SyncError {
         let what = what.to_string();
         match reached(&source) {
             Reached::Conflict => SyncError::Conflict { what, source },
+            Reached::Invalid => SyncError::Rejected { what, source },
             Reached::Nowhere => SyncError::Unreachable { what, source },
             Reached::Answered => SyncError::Api { what, source },
         }
@@ -90,18 +124,35 @@ pub fn may_have_committed(err: &kube::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn api(code: u16) -> kube::Error {
-        kube::Error::Api(Box::new(
-            serde_json::from_value(serde_json::json!({"code": code, "message": "m"})).unwrap(),
-        ))
+        status(json!({"code": code, "message": "m"}))
+    }
+
+    fn status(body: serde_json::Value) -> kube::Error {
+        kube::Error::Api(Box::new(serde_json::from_value(body).unwrap()))
     }
 
     #[test]
     fn classification() {
         let rows = [
             (api(409), Reached::Conflict),
-            (api(422), Reached::Conflict),
+            (api(422), Reached::Invalid),
+            (
+                status(json!({"code": 422, "reason": "Invalid",
+                    "message": "the server rejected our request due to an error in our request",
+                    "details": {"causes": [{"reason": "UnexpectedServerResponse",
+                        "message": "testing value /metadata/resourceVersion failed: test failed"}]}})),
+                Reached::Conflict,
+            ),
+            (
+                status(json!({"code": 422, "reason": "Invalid",
+                    "message": "ConfigMap \"c\" is invalid: data: Invalid value",
+                    "details": {"kind": "ConfigMap", "name": "c",
+                        "causes": [{"reason": "FieldValueInvalid", "field": "data"}]}})),
+                Reached::Invalid,
+            ),
             (api(404), Reached::Answered),
             (api(429), Reached::Answered),
             (api(503), Reached::Answered),
@@ -119,5 +170,8 @@ mod tests {
             e.to_string().starts_with("patching ConfigMap ns/c: "),
             "{e}"
         );
+        let e = SyncError::kube("creating ConfigMap ns/c", api(422));
+        assert!(matches!(e, SyncError::Rejected { .. }));
+        assert!(e.to_string().contains("rejected as invalid"), "{e}");
     }
 }

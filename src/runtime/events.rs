@@ -6,6 +6,12 @@
 //! A key retried with backoff repeats the same warning; like client-go's
 //! event correlator we then bump `count` and `lastTimestamp` of the event
 //! already written instead of creating a new object each time.
+//!
+//! Events are best effort and must never crowd out claim work: they do not
+//! draw on the client's QPS budget (see `runtime::client`) but on their
+//! own, and each object has a spam budget as client-go's
+//! `EventSourceObjectSpamFilter` gives it (25 events, then one per 5
+//! minutes). An event over either budget is dropped and logged at debug.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -22,6 +28,45 @@ use tracing::{debug, warn};
 const AGGREGATION_WINDOW: Duration = Duration::from_secs(600);
 /// Bound on remembered events, so memory stays flat however many pods fail.
 const MAX_REMEMBERED: usize = 4096;
+/// Events one object may get at once (client-go's spam filter burst).
+const OBJECT_BURST: f64 = 25.0;
+/// Then one more per this interval (client-go: one per 5 minutes).
+const OBJECT_REFILL: Duration = Duration::from_secs(300);
+/// Event writes per second of one recorder, across all objects, and the
+/// burst over it: the budget events have instead of the client's.
+const WRITES_PER_SECOND: u32 = 10;
+const WRITES_BURST: u32 = 100;
+
+/// One object's spam budget: a token bucket.
+#[derive(Debug, Clone, Copy)]
+struct ObjectBudget {
+    tokens: f64,
+    at: Instant,
+}
+
+impl ObjectBudget {
+    fn full(now: Instant) -> Self {
+        ObjectBudget {
+            tokens: OBJECT_BURST,
+            at: now,
+        }
+    }
+
+    /// Takes a token if there is one, after refilling for the time since
+    /// the last take.
+    fn take(&mut self, now: Instant) -> bool {
+        let refill =
+            now.saturating_duration_since(self.at).as_secs_f64() / OBJECT_REFILL.as_secs_f64();
+        self.tokens = (self.tokens + refill).min(OBJECT_BURST);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
 
 struct Seen {
     event_name: String,
@@ -36,6 +81,8 @@ pub struct EventRecorder {
     component: &'static str,
     host: String,
     seen: Mutex<HashMap<(String, String, String), Seen>>,
+    budgets: Mutex<HashMap<String, ObjectBudget>>,
+    writes: governor::DefaultDirectRateLimiter,
 }
 
 /// The object an event is about.
@@ -55,20 +102,50 @@ impl EventRecorder {
     pub fn new(client: kube::Client, component: &'static str, host: String) -> Self {
         EventRecorder {
             client: Some(client),
-            component,
-            host,
-            seen: Mutex::new(HashMap::new()),
+            ..Self::disabled_as(component, host)
         }
     }
 
     /// A recorder that only logs (for tests without an API server).
     pub fn disabled() -> Self {
+        Self::disabled_as("", String::new())
+    }
+
+    fn disabled_as(component: &'static str, host: String) -> Self {
+        let quota = governor::Quota::per_second(
+            std::num::NonZeroU32::new(WRITES_PER_SECOND).expect("non-zero"),
+        )
+        .allow_burst(std::num::NonZeroU32::new(WRITES_BURST).expect("non-zero"));
         EventRecorder {
             client: None,
-            component: "",
-            host: String::new(),
+            component,
+            host,
             seen: Mutex::new(HashMap::new()),
+            budgets: Mutex::new(HashMap::new()),
+            writes: governor::RateLimiter::direct(quota),
         }
+    }
+
+    /// Whether an event about the object with `uid` may be written now:
+    /// within the object's spam budget and the recorder's write budget.
+    fn admit(&self, uid: &str) -> bool {
+        let now = Instant::now();
+        let mut budgets = self.budgets.lock().unwrap();
+        if budgets.len() >= MAX_REMEMBERED && !budgets.contains_key(uid) {
+            // Budgets back at full carry no information: forget them.
+            budgets.retain(|_, b| {
+                let mut probe = *b;
+                probe.take(now);
+                probe.tokens + 1.0 < OBJECT_BURST
+            });
+            if budgets.len() >= MAX_REMEMBERED {
+                budgets.clear();
+            }
+        }
+        let budget = budgets
+            .entry(uid.to_owned())
+            .or_insert_with(|| ObjectBudget::full(now));
+        budget.take(now) && self.writes.check().is_ok()
     }
 
     /// A Warning event about `involved`.
@@ -78,6 +155,10 @@ impl EventRecorder {
             return;
         };
         let pod = involved;
+        if !self.admit(pod.uid) {
+            debug!(reason, message, object = %pod.name, "event dropped: over the spam budget of the object or the recorder");
+            return;
+        }
         let ns = pod.namespace.to_string();
         let api: Api<Event> = Api::namespaced(client.clone(), &ns);
         let key = (pod.uid.to_string(), reason.to_string(), message.to_string());
@@ -156,5 +237,33 @@ impl EventRecorder {
                 warn!(reason, error = %e, "writing event failed")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_budget_allows_a_burst_then_one_per_refill() {
+        let start = Instant::now();
+        let mut budget = ObjectBudget::full(start);
+        let burst = (0..100).filter(|_| budget.take(start)).count();
+        assert_eq!(burst, OBJECT_BURST as usize);
+        assert!(!budget.take(start + OBJECT_REFILL / 2));
+        assert!(budget.take(start + OBJECT_REFILL));
+        assert!(!budget.take(start + OBJECT_REFILL));
+        // A long quiet refills to the burst, not beyond.
+        let later = start + OBJECT_REFILL * 1000;
+        let again = (0..100).filter(|_| budget.take(later)).count();
+        assert_eq!(again, OBJECT_BURST as usize);
+    }
+
+    #[test]
+    fn recorder_spam_filter_is_per_object() {
+        let recorder = EventRecorder::disabled();
+        let first = (0..40).filter(|_| recorder.admit("a")).count();
+        assert_eq!(first, OBJECT_BURST as usize);
+        assert!(recorder.admit("b"), "another object has its own budget");
     }
 }

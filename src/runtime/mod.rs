@@ -3,9 +3,11 @@
 //! ([`informer`]) feeding indexed stores ([`store`]), errors that decide
 //! retries ([`error`]), Warning events ([`events`]), holding work through
 //! an API server outage ([`reachability`]), Lease election ([`leader`]),
-//! and the HTTP endpoints with their exposition ([`http`], [`exposition`]).
+//! and the HTTP endpoints with their exposition ([`http`], [`exposition`]),
+//! their certificate ([`tls`]) and who may read them ([`delegated`]).
 
 pub mod client;
+pub mod delegated;
 pub mod error;
 pub mod events;
 pub mod exposition;
@@ -14,3 +16,4 @@ pub mod informer;
 pub mod leader;
 pub mod reachability;
 pub mod store;
+pub mod tls;

@@ -464,6 +464,7 @@ async fn claim_gauge_and_alert_in_prometheus() {
         &[
             ("prometheusRule.enabled", "true"),
             ("grafanaDashboard.enabled", "true"),
+            ("serviceMonitor.enabled", "true"),
             ("prometheusRule.alerts.leakedAllocations.for", "2s"),
         ],
     ) {
@@ -498,14 +499,44 @@ async fn claim_gauge_and_alert_in_prometheus() {
         .map(|s| serde_json::from_str(&s).unwrap())
         .expect("dashboard ConfigMap rendered");
 
-    let Some(mut t) = TestCtx::isolated(NAME, ControllerOpts::default(), 1).await else {
+    let monitor = docs
+        .iter()
+        .find(|d| d["kind"] == "ServiceMonitor")
+        .expect("ServiceMonitor rendered")
+        .clone();
+
+    // The secure port, scraped as the rendered ServiceMonitor says, with
+    // the token of a service account bound to the chart's reader role.
+    let opts = ControllerOpts {
+        metrics_secure: true,
+        ..ControllerOpts::default()
+    };
+    let Some(mut t) = TestCtx::isolated(NAME, opts, 1).await else {
         return;
     };
     let dir = t.isolated_env().cluster.dir.clone();
+    let admin = t.isolated_env().cluster.admin_client().await.unwrap();
+    let token = crate::rbac::service_account_with_role(
+        &admin,
+        "prometheus",
+        Some(crate::rbac::METRICS_READER_ROLE),
+    )
+    .await
+    .unwrap();
+    let token_file = dir.join("prometheus-token");
+    std::fs::write(&token_file, token).unwrap();
+    let scrape = crate::prometheus::Scrape::from_service_monitor(&monitor, &token_file);
+    assert_eq!(scrape.scheme, "https", "{monitor:?}");
     let metrics = t.controller().metrics;
-    let prom = crate::prometheus::Prometheus::start(&prometheus_bin, &dir, &[metrics], &groups)
-        .await
-        .expect("start prometheus");
+    let prom = crate::prometheus::Prometheus::start_scraping(
+        &prometheus_bin,
+        &dir,
+        &[metrics],
+        &scrape,
+        &groups,
+    )
+    .await
+    .expect("start prometheus");
     if let Some(promtool) = crate::prometheus::promtool(&prometheus_bin) {
         let out = std::process::Command::new(promtool)
             .args(["check", "rules"])

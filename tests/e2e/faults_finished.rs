@@ -23,9 +23,10 @@ use crate::k8s::{Source, pod_manifest};
 const PODS: usize = 700;
 /// How the test paces creations: 50 pods a second.
 const CREATE_EVERY: Duration = Duration::from_millis(20);
-/// The run ends once the claims have not changed for this long.
+/// A phase ends once its outcome holds and the claims have not changed
+/// for this long.
 const QUIET_FOR: Duration = Duration::from_secs(10);
-/// Liveness bound for the whole run to go quiet (not a speed target).
+/// Liveness bound for each phase to settle (not a speed target).
 const QUIET_WITHIN: Duration = Duration::from_secs(600);
 
 fn plan() -> FaultPlan {
@@ -74,8 +75,18 @@ async fn claims(t: &TestCtx) -> BTreeMap<String, (String, String)> {
         .collect()
 }
 
-/// Waits until the claims have not changed for [`QUIET_FOR`].
-async fn wait_quiet(t: &TestCtx) -> BTreeMap<String, (String, String)> {
+type Claims = BTreeMap<String, (String, String)>;
+
+/// Waits until `settled` holds for the claims and they have not changed
+/// for [`QUIET_FOR`]; gives up after [`QUIET_WITHIN`] and returns the claims
+/// as they are then, for the caller's assertions to name what is wrong.
+///
+/// Quiet alone does not end the wait: with a third of requests failing a
+/// pod's create can fail six or seven times in a row (a lost create answer
+/// adds a list to each attempt), and its per-item backoff then exceeds the
+/// quiet window while the pod is still being worked on. A lost event, the
+/// defect this guards against, never settles: nothing retries it.
+async fn settle(t: &TestCtx, settled: impl Fn(&Claims) -> bool) -> Claims {
     let started = Instant::now();
     let mut last = claims(t).await;
     let mut since = Instant::now();
@@ -85,15 +96,13 @@ async fn wait_quiet(t: &TestCtx) -> BTreeMap<String, (String, String)> {
         if now != last {
             last = now;
             since = Instant::now();
-        } else if since.elapsed() >= QUIET_FOR {
+        } else if since.elapsed() >= QUIET_FOR && settled(&last) {
             return last;
         }
-        assert!(
-            started.elapsed() < QUIET_WITHIN,
-            "{}: claims still changing after {}s",
-            t.name,
-            QUIET_WITHIN.as_secs()
-        );
+        if started.elapsed() >= QUIET_WITHIN {
+            eprintln!("{}: not settled after {}s", t.name, QUIET_WITHIN.as_secs());
+            return last;
+        }
     }
 }
 
@@ -126,7 +135,16 @@ async fn finished_pods_keep_no_claims_under_faults() {
         let due = start + CREATE_EVERY * (i as u32 + 1);
         tokio::time::sleep_until(due.into()).await;
     }
-    let created = wait_quiet(&t).await;
+    let created = settle(&t, |claims| {
+        claims.len() >= PODS
+            && claims
+                .values()
+                .map(|(o, _)| o)
+                .collect::<BTreeSet<_>>()
+                .len()
+                == PODS
+    })
+    .await;
     let owners: BTreeSet<&str> = created.values().map(|(o, _)| o.as_str()).collect();
     assert_eq!(owners.len(), PODS, "{NAME}: every pod has its claim");
     assert_eq!(created.len(), PODS, "{NAME}: one claim per pod");
@@ -144,7 +162,10 @@ async fn finished_pods_keep_no_claims_under_faults() {
         })
         .await;
     }
-    let after = wait_quiet(&t).await;
+    let after = settle(&t, |claims| {
+        claims.values().all(|(owner, _)| !finished.contains(owner))
+    })
+    .await;
     let leaked: Vec<&String> = after
         .iter()
         .filter(|(_, (owner, _))| finished.contains(owner))

@@ -495,6 +495,9 @@ pub struct ControllerOpts {
     /// Lease duration, renew deadline and retry period. Short by default,
     /// so hand-over tests are quick.
     pub lease_timing: [&'static str; 3],
+    /// `--metrics-secure`: off by default, so that tests scrape plain
+    /// HTTP; the tests of the secure port turn it on.
+    pub metrics_secure: bool,
     /// Further flags, appended as given.
     pub extra_args: Vec<String>,
 }
@@ -511,6 +514,7 @@ impl Default for ControllerOpts {
             concurrent_syncs: 50,
             min_resync_period: None,
             lease_timing: ["4s", "3s", "1s"],
+            metrics_secure: false,
             extra_args: Vec::new(),
         }
     }
@@ -568,6 +572,7 @@ impl Controller {
             opts.lease_timing[2].into(),
             "--metrics-bind-address".into(),
             metrics.to_string(),
+            format!("--metrics-secure={}", opts.metrics_secure),
             "--health-probe-bind-address".into(),
             health.to_string(),
             "--kube-api-qps".into(),

@@ -31,6 +31,48 @@ pub fn promtool(prometheus: &Path) -> Option<PathBuf> {
     Some(prometheus.with_file_name("promtool")).filter(|p| p.is_file())
 }
 
+/// How Prometheus scrapes: an endpoint of the chart's ServiceMonitor
+/// translated to a Prometheus scrape config, with the token the
+/// ServiceMonitor would read from Prometheus' service account.
+#[derive(Debug, Clone, Default)]
+pub struct Scrape {
+    /// `http` or `https`.
+    pub scheme: String,
+    /// File holding the bearer token (`bearerTokenFile`).
+    pub bearer_token_file: Option<PathBuf>,
+    /// `tlsConfig.insecureSkipVerify`.
+    pub insecure_skip_verify: bool,
+}
+
+impl Scrape {
+    /// The scrape settings of the first endpoint of a rendered
+    /// ServiceMonitor, the token in `token_file` standing in for the file
+    /// it names.
+    pub fn from_service_monitor(monitor: &Value, token_file: &Path) -> Self {
+        let endpoint = &monitor["spec"]["endpoints"][0];
+        Scrape {
+            scheme: endpoint["scheme"].as_str().unwrap_or("http").to_string(),
+            bearer_token_file: endpoint["bearerTokenFile"]
+                .as_str()
+                .map(|_| token_file.to_path_buf()),
+            insecure_skip_verify: endpoint["tlsConfig"]["insecureSkipVerify"]
+                .as_bool()
+                .unwrap_or(false),
+        }
+    }
+
+    fn config(&self) -> Value {
+        let mut job = json!({"job_name": "dra-claim-controller", "scheme": self.scheme});
+        if let Some(file) = &self.bearer_token_file {
+            job["authorization"] = json!({"type": "Bearer", "credentials_file": file});
+        }
+        if self.scheme == "https" {
+            job["tls_config"] = json!({"insecure_skip_verify": self.insecure_skip_verify});
+        }
+        job
+    }
+}
+
 /// A running Prometheus.
 #[derive(Debug)]
 pub struct Prometheus {
@@ -48,6 +90,21 @@ impl Prometheus {
         targets: &[SocketAddr],
         rule_groups: &Value,
     ) -> anyhow::Result<Self> {
+        let plain = Scrape {
+            scheme: "http".into(),
+            ..Scrape::default()
+        };
+        Self::start_scraping(binary, dir, targets, &plain, rule_groups).await
+    }
+
+    /// As [`Prometheus::start`], scraping as `scrape` says.
+    pub async fn start_scraping(
+        binary: &Path,
+        dir: &Path,
+        targets: &[SocketAddr],
+        scrape: &Scrape,
+        rule_groups: &Value,
+    ) -> anyhow::Result<Self> {
         let dir = dir.join("prometheus");
         std::fs::create_dir_all(&dir)?;
         let rules = dir.join("rules.yaml");
@@ -55,13 +112,13 @@ impl Prometheus {
             &rules,
             serde_yaml::to_string(&json!({ "groups": rule_groups }))?,
         )?;
+        let mut job = scrape.config();
+        job["static_configs"] =
+            json!([{"targets": targets.iter().map(ToString::to_string).collect::<Vec<_>>()}]);
         let config = json!({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [rules],
-            "scrape_configs": [{
-                "job_name": "dra-claim-controller",
-                "static_configs": [{"targets": targets.iter().map(ToString::to_string).collect::<Vec<_>>()}],
-            }],
+            "scrape_configs": [job],
         });
         let config_file = dir.join("prometheus.yaml");
         std::fs::write(&config_file, serde_yaml::to_string(&config)?)?;

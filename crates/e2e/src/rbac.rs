@@ -110,6 +110,12 @@ fn builtin() -> Rbac {
         ),
         rule("", &["events"], &["create", "patch"]),
         rule("events.k8s.io", &["events"], &["create", "patch"]),
+        rule("authentication.k8s.io", &["tokenreviews"], &["create"]),
+        rule(
+            "authorization.k8s.io",
+            &["subjectaccessreviews"],
+            &["create"],
+        ),
     ];
     let subject = json!([{"kind": "ServiceAccount", "name": sa, "namespace": SYSTEM_NAMESPACE}]);
     let docs = vec![
@@ -123,6 +129,9 @@ fn builtin() -> Rbac {
             rule("", &["nodes"], &["get"]),
             rule("resource.k8s.io", &["resourceclaims", "resourceslices"], &["get", "list"]),
         ]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": METRICS_READER_ROLE},
+               "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                "metadata": {"name": sa},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": sa},
@@ -224,6 +233,8 @@ pub async fn reapply_controller_rbac(
 
 /// The chart's read-only ClusterRole for `drain-check` and `audit`.
 pub const INSPECTOR_ROLE: &str = "dra-claim-controller-inspector";
+/// The chart's role for reading the secure `/metrics`.
+pub const METRICS_READER_ROLE: &str = "dra-claim-controller-metrics-reader";
 
 /// A new ServiceAccount `name` in [`SYSTEM_NAMESPACE`], bound to
 /// `cluster_role` when given (none: a user without rights), and a token

@@ -400,6 +400,7 @@ pub async fn perform_entries(
     let mut changed = false;
     let mut failures = Vec::new();
     let mut created = Vec::new();
+    let mut committed = None;
     for action in entries {
         match action {
             EntryAction::Adopt { entry, claim_name } => {
@@ -411,7 +412,9 @@ pub async fn perform_entries(
                 entry,
                 claim,
                 admin_access,
-            } => match create_unless_committed(ctx, ns, owner_uid, &entry, &claim).await {
+            } => match create_unless_committed(ctx, ns, owner_uid, &entry, &claim, &mut committed)
+                .await
+            {
                 Ok(claim) => {
                     ctx.metrics.record_create(true, admin_access, owner);
                     info!(entry = %entry, claim = %claim.name(), "created claim");
@@ -585,35 +588,39 @@ async fn report_missing_claim(
     Ok(())
 }
 
-/// Creates the claim, unless an earlier create for this entry failed in a
-/// way that may have committed it: then the API server is asked first (the
-/// watch may not show that claim yet), and the claim found is returned
-/// instead of making a second one.
 /// Creates a generated claim of the owner (a pod or a PodGroup) with UID
-/// `owner_uid`, unless an earlier create whose answer was lost did commit.
+/// `owner_uid`, unless an earlier create whose answer was lost did commit:
+/// then the API server is asked first (the watch may not show that claim
+/// yet), and the claim found is returned instead of making a second one.
+/// `committed` holds the owner's claims once listed, so one sync lists
+/// once however many of its entries are uncertain.
 async fn create_unless_committed(
     ctx: &Context,
     ns: &str,
     owner_uid: &str,
     entry: &str,
     claim: &Value,
+    committed: &mut Option<Vec<ClaimView>>,
 ) -> Result<ClaimView, kube::Error> {
     if ctx.caches.take_uncertain_create(owner_uid, entry) {
-        let api: Api<ClaimView> = Api::namespaced(ctx.client.clone(), ns);
-        let existing = api
-            .list(&kube::api::ListParams::default())
-            .await
-            .inspect_err(|_| {
-                // Still uncertain: ask again next time.
-                ctx.caches.mark_uncertain_create(owner_uid, entry);
-            })?;
-        if let Some(found) = existing.items.into_iter().find(|c| {
-            is_controlled_by(c.owner_references(), owner_uid)
-                && c.annotation(POD_CLAIM_NAME_ANNOTATION) == Some(entry)
-                && !c.is_deleting()
-        }) {
+        let listed = match committed {
+            Some(listed) => listed,
+            None => {
+                let listed = claims_controlled_by(ctx, ns, owner_uid)
+                    .await
+                    .inspect_err(|_| {
+                        // Still uncertain: ask again next time.
+                        ctx.caches.mark_uncertain_create(owner_uid, entry);
+                    })?;
+                committed.insert(listed)
+            }
+        };
+        if let Some(found) = listed
+            .iter()
+            .find(|c| c.annotation(POD_CLAIM_NAME_ANNOTATION) == Some(entry))
+        {
             info!(entry, claim = %found.name(), "an earlier create did commit; adopting it");
-            return Ok(found);
+            return Ok(found.clone());
         }
     }
     let url = ClaimView::url_path(&(), Some(ns));
@@ -622,6 +629,34 @@ async fn create_unless_committed(
         .create(&PostParams::default(), body)
         .map_err(kube::Error::BuildRequest)?;
     ctx.client.request::<ClaimView>(req).await
+}
+
+/// Claims per page when listing a namespace's claims: a namespace with
+/// many claims is read in bounded steps, like the informers' initial list.
+const LIST_PAGE: u32 = 500;
+
+/// The claims of `ns` controlled by `owner_uid` and not being deleted, read
+/// from the API server page by page (only those are kept).
+async fn claims_controlled_by(
+    ctx: &Context,
+    ns: &str,
+    owner_uid: &str,
+) -> Result<Vec<ClaimView>, kube::Error> {
+    let api: Api<ClaimView> = Api::namespaced(ctx.client.clone(), ns);
+    let mut params = kube::api::ListParams::default().limit(LIST_PAGE);
+    let mut owned = Vec::new();
+    loop {
+        let page = api.list(&params).await?;
+        owned.extend(
+            page.items
+                .into_iter()
+                .filter(|c| is_controlled_by(c.owner_references(), owner_uid) && !c.is_deleting()),
+        );
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(owned),
+        }
+    }
 }
 
 /// The `status.resourceClaimStatuses` list of an apply: every entry, in

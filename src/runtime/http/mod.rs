@@ -5,6 +5,14 @@
 //! `--health-probe-bind-address` (default `:8081`) serves `/healthz` and
 //! `/readyz`. Either can be disabled with `0`; when both name the same
 //! address they share one listener.
+//!
+//! `/metrics` is served as kube-controller-manager serves it on its secure
+//! port ([`MetricsAccess::Secure`], the default): over HTTPS, to bearer
+//! tokens the API server authenticates whose user may `get` the URL. The
+//! probes stay open (the kubelet sends no token). Every listener bounds
+//! its connections and deadlines ([`serve`]).
+
+pub mod serve;
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -23,7 +31,55 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::delegated::{Gate, Verdict, bearer_token};
 use super::leader::LeaseHealth;
+
+/// Who may read `/metrics`, and over what.
+#[derive(Debug, Clone)]
+pub enum MetricsAccess {
+    /// Plain HTTP, no authentication (`--metrics-secure=false`: loopback,
+    /// or a mesh that authenticates).
+    Open,
+    /// HTTPS, delegated authentication and authorization.
+    Secure {
+        tls: Arc<rustls::ServerConfig>,
+        gate: Arc<Gate>,
+    },
+}
+
+impl MetricsAccess {
+    fn tls(&self) -> Option<tokio_rustls::TlsAcceptor> {
+        match self {
+            MetricsAccess::Open => None,
+            MetricsAccess::Secure { tls, .. } => Some(tokio_rustls::TlsAcceptor::from(tls.clone())),
+        }
+    }
+}
+
+/// Lets a request through only with the gate's consent.
+async fn authorize(
+    State(gate): State<Arc<Gate>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let header = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let verdict = gate.check(bearer_token(header), req.uri().path()).await;
+    match verdict {
+        Verdict::Allowed => next.run(req).await,
+        Verdict::Unauthenticated(why) => {
+            (StatusCode::UNAUTHORIZED, format!("Unauthorized: {why}\n")).into_response()
+        }
+        Verdict::Forbidden(why) => {
+            (StatusCode::FORBIDDEN, format!("Forbidden: {why}\n")).into_response()
+        }
+        Verdict::Unavailable(why) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response()
+        }
+    }
+}
 
 /// Default `--metrics-bind-address`.
 pub const DEFAULT_METRICS_BIND_ADDRESS: &str = ":8080";
@@ -199,11 +255,17 @@ async fn metrics(State(registry): State<Registry>) -> Response {
     }
 }
 
-/// `/metrics` in the Prometheus text format.
-pub fn metrics_router(registry: Registry) -> Router {
-    Router::new()
+/// `/metrics` in the Prometheus text format, behind `access`'s gate.
+pub fn metrics_router(registry: Registry, access: &MetricsAccess) -> Router {
+    let router = Router::new()
         .route("/metrics", get(metrics))
-        .with_state(registry)
+        .with_state(registry);
+    match access {
+        MetricsAccess::Open => router,
+        MetricsAccess::Secure { gate, .. } => router.route_layer(
+            axum::middleware::from_fn_with_state(gate.clone(), authorize),
+        ),
+    }
 }
 
 /// `/healthz` (with `/livez` as an alias) and `/readyz`.
@@ -217,19 +279,36 @@ pub fn health_router(health: Health) -> Router {
 
 /// A listener that is bound (so address errors surface at startup) but not
 /// yet serving.
-#[derive(Debug)]
 pub struct BoundServer {
     listener: TcpListener,
     router: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl std::fmt::Debug for BoundServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BoundServer")
+            .field("listener", &self.listener)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl BoundServer {
-    /// Binds `addr` for `router`.
-    pub async fn bind(addr: SocketAddr, router: Router) -> anyhow::Result<Self> {
+    /// Binds `addr` for `router`, served over TLS with `tls`.
+    pub async fn bind(
+        addr: SocketAddr,
+        router: Router,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
-        Ok(Self { listener, router })
+        Ok(Self {
+            listener,
+            router,
+            tls,
+        })
     }
 
     /// The bound address (useful with port 0).
@@ -243,11 +322,9 @@ impl BoundServer {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let addr = self.local_addr()?;
-        tracing::info!(%addr, "HTTP server listening");
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .with_context(|| format!("serving HTTP on {addr}"))?;
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        tracing::info!(%addr, scheme, "HTTP server listening");
+        serve::accept_loop(self.listener, self.router, self.tls, shutdown).await;
         tracing::info!(%addr, "HTTP server stopped");
         Ok(())
     }
@@ -262,7 +339,12 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     match parse_bind_address(addr)? {
         None => Ok(()),
-        Some(addr) => BoundServer::bind(addr, router).await?.run(shutdown).await,
+        Some(addr) => {
+            BoundServer::bind(addr, router, None)
+                .await?
+                .run(shutdown)
+                .await
+        }
     }
 }
 
@@ -301,6 +383,7 @@ pub async fn start_servers(
     health_probe_bind_address: BindAddress,
     registry: Registry,
     health: Health,
+    access: MetricsAccess,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<Servers> {
     let (metrics_addr, health_addr) = (metrics_bind_address.0, health_probe_bind_address.0);
@@ -309,15 +392,17 @@ pub async fn start_servers(
     match (metrics_addr, health_addr) {
         // Same explicit port: one listener for both (binding twice would fail).
         (Some(m), Some(h)) if m == h && m.port() != 0 => {
-            let router = metrics_router(registry).merge(health_router(health));
-            bound.push(BoundServer::bind(m, router).await?);
+            // Probes on the metrics listener: over its TLS, still open.
+            let router = metrics_router(registry, &access).merge(health_router(health));
+            bound.push(BoundServer::bind(m, router, access.tls()).await?);
         }
         (m, h) => {
             if let Some(m) = m {
-                bound.push(BoundServer::bind(m, metrics_router(registry)).await?);
+                let router = metrics_router(registry, &access);
+                bound.push(BoundServer::bind(m, router, access.tls()).await?);
             }
             if let Some(h) = h {
-                bound.push(BoundServer::bind(h, health_router(health)).await?);
+                bound.push(BoundServer::bind(h, health_router(health), None).await?);
             }
         }
     }
@@ -459,6 +544,7 @@ mod tests {
             bind("127.0.0.1:0"),
             registry,
             health.clone(),
+            MetricsAccess::Open,
             async {
                 let _ = stop_rx.await;
             },
@@ -517,6 +603,7 @@ mod tests {
             bind(&addr),
             Registry::new(),
             Health::default(),
+            MetricsAccess::Open,
             async {
                 let _ = stop_rx.await;
             },
@@ -535,6 +622,7 @@ mod tests {
             bind("0"),
             Registry::new(),
             Health::default(),
+            MetricsAccess::Open,
             async {},
         )
         .await
