@@ -100,8 +100,36 @@ struct MatchConstraint {
     attribute: String,
 }
 
-/// Allocates the claim's devices on the input's node.
+/// The stack of the thread an allocation runs on. Parsing and evaluating a
+/// CEL selector recurse once per nesting level, with frames of up to 130
+/// KiB in a debug build (16 parentheses overflow a tokio worker's 2 MiB);
+/// a tenant may nest [`super::selector::MAX_NESTING`] levels. The size is
+/// reserved address space: only the pages touched become memory.
+const SOLVER_STACK_BYTES: usize = 64 << 20;
+
+/// Allocates the claim's devices on the input's node, on a thread of its
+/// own with [`SOLVER_STACK_BYTES`] of stack.
 pub fn allocate(input: &AllocationInput) -> Outcome {
+    std::thread::scope(|scope| {
+        let solver = std::thread::Builder::new()
+            .name("allocate".into())
+            .stack_size(SOLVER_STACK_BYTES)
+            .spawn_scoped(scope, || allocate_here(input));
+        match solver {
+            // A panic in the solver ends the process (see app::exit_on_panic).
+            Ok(handle) => handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(err) => Outcome::Refused(format!(
+                "claim {}: cannot start the allocation thread: {err}",
+                claim_key(input.claim)
+            )),
+        }
+    })
+}
+
+/// [`allocate`] on the calling thread.
+fn allocate_here(input: &AllocationInput) -> Outcome {
     let claim_key = claim_key(input.claim);
     let requests = match prepare(input, &claim_key) {
         Ok(r) => r,

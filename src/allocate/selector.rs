@@ -172,8 +172,50 @@ impl std::fmt::Display for SelectorError {
     }
 }
 
+/// The deepest nesting of parentheses, brackets and braces a selector may
+/// have: where kube-apiserver's CEL parser stops (250). Deeper ones are
+/// refused before parsing, so the parser's recursion stays within the
+/// allocation thread's stack.
+pub const MAX_NESTING: usize = 250;
+
+/// The deepest nesting of `(`, `[` and `{` outside string literals.
+fn nesting_depth(expression: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let mut quote = None;
+    let mut escaped = false;
+    for c in expression.chars() {
+        match quote {
+            Some(q) => {
+                if escaped {
+                    escaped = false;
+                } else if c == '\\' {
+                    escaped = true;
+                } else if c == q {
+                    quote = None;
+                }
+            }
+            None => match c {
+                '"' | '\'' => quote = Some(c),
+                '(' | '[' | '{' => {
+                    depth += 1;
+                    deepest = deepest.max(depth);
+                }
+                ')' | ']' | '}' => depth = depth.saturating_sub(1),
+                _ => {}
+            },
+        }
+    }
+    deepest
+}
+
 impl Selector {
     pub fn compile(expression: &str) -> Result<Self, SelectorError> {
+        let depth = nesting_depth(expression);
+        if depth > MAX_NESTING {
+            return Err(SelectorError::Compile(format!(
+                "nested {depth} levels deep; at most {MAX_NESTING} are accepted"
+            )));
+        }
         let program = ENV
             .compile(expression)
             .map_err(|e| SelectorError::Compile(e.to_string().trim().to_string()))?;

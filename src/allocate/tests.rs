@@ -1150,3 +1150,62 @@ fn with_constraint_not_matching_version_build_metadata() {
     );
     case.unsatisfiable_because("no set of free devices has equal values of driver-a/driverVersion");
 }
+
+/// Selectors a tenant may write, nested as deep as the API server lets
+/// through (its CEL parser stops at 250 levels), allocated from a thread
+/// with a tokio worker's 2 MiB stack (16 parentheses overflowed it in a
+/// debug build): an answer, never a crash; deeper ones are refused.
+#[test]
+fn deeply_nested_tenant_selectors_are_harmless() {
+    const DEPTH: usize = 240;
+    let rows = [
+        format!(
+            "{}device.driver == 'driver-a'{}",
+            "(".repeat(DEPTH),
+            ")".repeat(DEPTH)
+        ),
+        format!("{}true", "!".repeat(DEPTH)),
+        format!("size({}1{}) > 0", "[".repeat(DEPTH), "]".repeat(DEPTH)),
+        vec!["device.driver == 'driver-a'"; DEPTH].join(" && "),
+        format!(
+            "{}device.driver == 'driver-a'{}",
+            "(true && ".repeat(DEPTH),
+            ")".repeat(DEPTH)
+        ),
+    ];
+    let case_for = |expression: &str| {
+        Case::new(
+            one_device(),
+            one_request(json!({"selectors": [{"cel": {"expression": expression}}]})),
+        )
+    };
+    let outcomes = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || {
+            let mut outcomes: Vec<_> = rows.iter().map(|e| case_for(e).run()).collect();
+            let too_deep = format!("{}true{}", "(".repeat(251), ")".repeat(251));
+            outcomes.push(case_for(&too_deep).run());
+            outcomes
+        })
+        .unwrap()
+        .join()
+        .expect("allocating with nested selectors ended the thread");
+    let refused = |i: usize, because: &str| match &outcomes[i] {
+        Outcome::Refused(why) => assert!(why.contains(because), "row {i}: {why}"),
+        other => panic!("row {i}: expected a refusal, got {other:?}"),
+    };
+    // Long chains and runs of `!` are evaluated; nesting past the CEL
+    // parser's own limit (96) is refused with its message, past the API
+    // server's (250) before parsing.
+    for i in [1, 3] {
+        assert!(
+            matches!(outcomes[i], Outcome::Allocated(_)),
+            "row {i}: {:?}",
+            outcomes[i]
+        );
+    }
+    for i in [0, 2, 4] {
+        refused(i, "Recursion limit");
+    }
+    refused(5, "at most 250");
+}

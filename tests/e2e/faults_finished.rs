@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use anyhow::ensure;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -18,6 +19,7 @@ use crate::fault_proxy::FaultPlan;
 use crate::faults::{Tally, retrying};
 use crate::faults_api::controller_behind_proxy;
 use crate::faults_restarts::kill_repeatedly;
+use crate::k8s::wait_for;
 use crate::k8s::{Source, pod_manifest};
 
 const PODS: usize = 700;
@@ -216,5 +218,87 @@ async fn finished_pods_keep_no_claims_under_faults() {
             "{NAME}: only {seen} faults of kind {kind} injected (want {at_least}+)"
         );
     }
+    t.finish();
+}
+
+/// The sequence that leaked claims in the trial run, made certain: every
+/// write recording a claim name in a pod's status fails, so the claims are
+/// created but their pods never carry their names; then the pods finish.
+/// Their claims must go all the same (the pod event finds them through the
+/// owner index; nothing else wakes them before the next resync).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_of_pods_finished_before_their_names_are_recorded_are_deleted() {
+    const NAME: &str = "claims_of_pods_finished_before_their_names_are_recorded_are_deleted";
+    const FINISHING: usize = 5;
+    let Some(mut t) = TestCtx::isolated(NAME, ControllerOpts::default(), 0).await else {
+        return;
+    };
+    let plan = FaultPlan {
+        unavailable: 1000,
+        // Pod writes only (the status apply): lists and watches of pods
+        // carry no "/pods/" in their path.
+        only: vec!["/pods/".into()],
+        ..FaultPlan::default()
+    };
+    let proxy = controller_behind_proxy(&mut t, plan).await;
+    t.create_template("tmpl").await;
+    let names: Vec<String> = (0..FINISHING).map(|i| format!("unrecorded-{i}")).collect();
+    for name in &names {
+        t.create_pod(name, &[("gpu", Source::Template("tmpl"))], None)
+            .await;
+    }
+    wait_for(
+        "a claim for every pod",
+        Duration::from_secs(60),
+        async || {
+            let owners: BTreeSet<String> = claims(&t).await.into_values().map(|(o, _)| o).collect();
+            ensure!(
+                names.iter().all(|n| owners.contains(n)),
+                "owners so far: {owners:?}"
+            );
+            Ok(())
+        },
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(t.client.clone(), &t.ns);
+    for name in &names {
+        let pod = pods.get_status(name).await.unwrap();
+        let recorded = pod
+            .status
+            .and_then(|s| s.resource_claim_statuses)
+            .unwrap_or_default();
+        assert!(
+            recorded.is_empty(),
+            "{name}: the status write was to fail: {recorded:?}"
+        );
+        pods.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+        )
+        .await
+        .unwrap();
+    }
+    wait_for(
+        "the finished pods' claims to be deleted",
+        Duration::from_secs(60),
+        async || {
+            let left: Vec<(String, String)> = claims(&t)
+                .await
+                .into_iter()
+                .filter(|(_, (owner, _))| names.contains(owner))
+                .map(|(claim, (owner, _))| (claim, owner))
+                .collect();
+            ensure!(left.is_empty(), "claims of finished pods: {left:?}");
+            Ok(())
+        },
+    )
+    .await;
+    let failed_writes = proxy.counts().unavailable;
+    assert!(
+        failed_writes >= FINISHING as u64,
+        "only {failed_writes} status writes failed"
+    );
+    proxy.set_enabled(false);
     t.finish();
 }

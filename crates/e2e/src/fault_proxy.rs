@@ -92,6 +92,9 @@ pub struct FaultPlan {
     pub lost_create_code: u16,
     /// Requests whose path contains one of these are never faulted.
     pub spare: Vec<String>,
+    /// When not empty, only requests whose path contains one of these are
+    /// faulted (a single kind of write failing, say).
+    pub only: Vec<String>,
 }
 
 /// Faults injected so far, by kind.
@@ -332,7 +335,9 @@ fn is_watch(req: &Request<Incoming>) -> bool {
 fn decide(state: &State, method: &http::Method, path: &str, watch: bool) -> Verdict {
     let plan = &state.plan;
     let c = &state.counts;
-    if !state.enabled.load(Ordering::SeqCst) || plan.spare.iter().any(|s| path.contains(s)) {
+    let spared = plan.spare.iter().any(|s| path.contains(s))
+        || (!plan.only.is_empty() && !plan.only.iter().any(|s| path.contains(s)));
+    if !state.enabled.load(Ordering::SeqCst) || spared {
         return Verdict::Forward {
             cut_after: None,
             stall_after: None,

@@ -257,6 +257,17 @@ pub fn keys_for_pod_event(pod: &PodView, deleted: bool, caches: &Caches) -> Vec<
         if let Some(name) = pod.extended_claim_name() {
             keys.push((WorkKey::claim(pod.namespace(), name), why));
         }
+        // Claims made for this pod whose names it does not carry: created,
+        // but the status write recording them had not succeeded when the
+        // pod finished. Only the pod's event can tell their claim sync
+        // that they are no longer needed; nothing else would wake it until
+        // the next resync (kube-controller-manager has this gap).
+        for claim in caches.claims_owned_by(pod.uid()) {
+            let key = WorkKey::claim(claim.namespace(), claim.name());
+            if !keys.iter().any(|(k, _)| *k == key) {
+                keys.push((key, why));
+            }
+        }
     }
     if !deleted && let Ok(needs) = pod_needs_work(pod, caches) {
         keys.push((WorkKey::pod(pod.namespace(), pod.name()), Why::Pod(needs)));
@@ -464,5 +475,40 @@ mod tests {
         let unrelated: PodView =
             serde_json::from_value(json!({"metadata": {"name": "x", "namespace": "ns"}})).unwrap();
         assert!(keys_for_pod_event(&unrelated, true, &caches).is_empty());
+    }
+
+    /// The sequence that leaked claims under faults: the claim is created,
+    /// every write recording its name in the pod's status fails, then the
+    /// pod finishes. Its event must still wake the claim, found through
+    /// the owner index, once (not again when the name is recorded).
+    #[test]
+    fn pod_done_before_its_claim_is_recorded_wakes_that_claim() {
+        let caches = Caches::new();
+        caches
+            .claims
+            .apply("ns/generated".into(), claim("generated", "u1", false, &[]));
+        caches.claims.apply(
+            "ns/someone-elses".into(),
+            claim("someone-elses", "u2", false, &[]),
+        );
+        let terminated = Why::PodLetGo(LetGo::Terminated);
+        let unrecorded = pod(json!({"status": {"phase": "Succeeded"}}));
+        assert_eq!(
+            keys_for_pod_event(&unrecorded, false, &caches),
+            vec![(WorkKey::claim("ns", "generated"), terminated)]
+        );
+        let recorded = pod(json!({"status": {"phase": "Failed",
+            "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "generated"}]}}));
+        assert_eq!(
+            keys_for_pod_event(&recorded, false, &caches),
+            vec![(WorkKey::claim("ns", "generated"), terminated)]
+        );
+        assert_eq!(
+            keys_for_pod_event(&pod(json!({"status": {"phase": "Running"}})), true, &caches),
+            vec![(
+                WorkKey::claim("ns", "generated"),
+                Why::PodLetGo(LetGo::Removed)
+            )]
+        );
     }
 }
