@@ -11,6 +11,7 @@ use crate::cli::Args;
 use std::sync::Arc;
 
 use crate::controllers::allocator::{Controller as Allocator, SharedStores};
+use crate::controllers::headroom::controller::Controller as Headroom;
 use crate::controllers::resourceclaim::Controller;
 use crate::runtime::client::{ClientOptions, build_client};
 use crate::runtime::delegated::Gate;
@@ -247,19 +248,31 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         _ => None,
     };
+    let headroom = if args.controllers.headroom {
+        let headroom = Headroom::new(client.clone(), &registry)?;
+        tokio::spawn(headroom.clone().run_watches());
+        Some(headroom)
+    } else {
+        None
+    };
     tokio::spawn(controller.clone().run_watches());
     tokio::spawn(controller.clone().run_resync(args.min_resync_period.0));
     tokio::spawn(controller.clone().run_reachability_probe());
     let synced = {
         let controller = controller.clone();
         let allocator = allocator.clone();
+        let headroom = headroom.clone();
         move || {
             let controller = controller.clone();
             let allocator = allocator.clone();
+            let headroom = headroom.clone();
             async move {
                 controller.wait_synced().await;
                 if let Some(allocator) = &allocator {
                     allocator.wait_synced().await;
+                }
+                if let Some(headroom) = &headroom {
+                    headroom.wait_synced().await;
                 }
             }
         }
@@ -304,12 +317,19 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         allocator.start_leading();
         workers.push(tokio::spawn(allocator.clone().run_worker()));
     }
+    if let Some(headroom) = &headroom {
+        headroom.start_leading();
+        workers.push(tokio::spawn(headroom.clone().run_worker()));
+    }
     let abort_workers =
         |workers: &[tokio::task::JoinHandle<()>]| workers.iter().for_each(|w| w.abort());
     let shut_queues = || {
         controller.queue().shut_down();
         if let Some(allocator) = &allocator {
             allocator.queue().shut_down();
+        }
+        if let Some(headroom) = &headroom {
+            headroom.queue().shut_down();
         }
     };
 
@@ -336,11 +356,19 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     shut_queues();
     drain.start();
     let in_flight = async {
-        tokio::join!(controller.shut_down(), async {
-            if let Some(allocator) = &allocator {
-                allocator.shut_down().await;
+        tokio::join!(
+            controller.shut_down(),
+            async {
+                if let Some(allocator) = &allocator {
+                    allocator.shut_down().await;
+                }
+            },
+            async {
+                if let Some(headroom) = &headroom {
+                    headroom.shut_down().await;
+                }
             }
-        });
+        );
     };
     tokio::select! {
         finished = tokio::time::timeout(args.shutdown_timeout.0, in_flight) => {

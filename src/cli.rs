@@ -81,6 +81,10 @@ pub struct Args {
     #[arg(long)]
     pub leader_elect_resource_namespace: Option<String>,
 
+    /// Controllers to run, comma separated: resourceclaim (always on) and headroom (NodeScalingWatermark placeholders; needs the chart's CRD).
+    #[arg(long, default_value = "resourceclaim", value_parser = parse_controllers)]
+    pub controllers: Controllers,
+
     /// Address for /metrics (":8080" = all interfaces, "0" = off).
     #[arg(long, default_value_t = BindAddress::all_interfaces(8080))]
     pub metrics_bind_address: BindAddress,
@@ -267,6 +271,42 @@ fn secs_to_duration(secs: f64, input: &str) -> Result<Duration, String> {
     }
 }
 
+/// Which controllers `--controllers` turns on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Controllers {
+    pub headroom: bool,
+}
+
+/// Parses `--controllers`: `resourceclaim` must be among them (the claim
+/// controller is what this binary is), `headroom` adds the headroom
+/// controller.
+pub fn parse_controllers(s: &str) -> Result<Controllers, String> {
+    let mut names: Vec<&str> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut controllers = Controllers { headroom: false };
+    let mut claim = false;
+    for name in names {
+        match name {
+            "resourceclaim" | "resourceclaim-controller" => claim = true,
+            "headroom" => controllers.headroom = true,
+            other => {
+                return Err(format!(
+                    "unknown controller {other:?}; known: resourceclaim, headroom"
+                ));
+            }
+        }
+    }
+    if !claim {
+        return Err("resourceclaim must be among the controllers (it cannot be turned off)".into());
+    }
+    Ok(controllers)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,6 +369,8 @@ mod tests {
             ("--leader-elect-retry-period", "-1s"),
             ("--metrics-bind-address", "nowhere:99999"),
             ("--feature-gates", "DRAAdminAccess=maybe"),
+            ("--controllers", "headroom"),
+            ("--controllers", "resourceclaim,garbagecollector"),
         ];
         for (flag, value) in rows {
             // `--flag=value`, so that a leading '-' reaches the value parser.
@@ -344,6 +386,7 @@ mod tests {
             ("--kube-api-qps", "0.5"),
             ("--min-resync-period", "1s"),
             ("--shutdown-timeout", "0"),
+            ("--controllers", "resourceclaim,headroom"),
         ] {
             assert!(
                 Args::try_parse_from(["dra-claim-controller", flag, value]).is_ok(),

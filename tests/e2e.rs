@@ -56,5 +56,7 @@ mod scenarios_scale;
 mod differential;
 #[path = "e2e/handover.rs"]
 mod handover;
+#[path = "e2e/headroom.rs"]
+mod headroom;
 #[path = "e2e/hostile.rs"]
 mod hostile;

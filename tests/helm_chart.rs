@@ -694,6 +694,9 @@ fn expected_args(values: &Value) -> Vec<String> {
     if !kubeconfig.is_empty() {
         out.push(format!("--kubeconfig={kubeconfig}"));
     }
+    if values["headroom"]["enabled"].as_bool() == Some(true) {
+        out.push("--controllers=resourceclaim,headroom".to_string());
+    }
     out.extend([
         format!("--kube-api-qps={}", str_of(&values["kubeAPI"]["qps"])),
         format!("--kube-api-burst={}", str_of(&values["kubeAPI"]["burst"])),
@@ -1831,4 +1834,99 @@ fn notes_explain_allocation_when_on() {
         .unwrap();
     assert!(!off.contains("Allocation on pre-scheduled nodes"), "{off}");
     assert!(!off.contains("DRADeviceDoubleAllocation"), "{off}");
+}
+
+// ---------------------------------------------------------------------------
+// Headroom CRD
+// ---------------------------------------------------------------------------
+
+/// The NodeScalingWatermark CRD in crds/ (Helm installs it before the
+/// templates): the group, names and version of the contract, the status
+/// subresource, the printer columns, and the seed operator's fields.
+#[test]
+fn watermark_crd_matches_the_contract() {
+    let path = helm::chart_dir().join("crds/nodescalingwatermarks.yaml");
+    let crd: Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(crd["kind"], "CustomResourceDefinition");
+    assert_eq!(
+        crd["metadata"]["name"],
+        "nodescalingwatermarks.dra-claim-controller.io"
+    );
+    let spec = &crd["spec"];
+    assert_eq!(spec["group"], "dra-claim-controller.io");
+    assert_eq!(spec["scope"], "Namespaced");
+    assert_eq!(spec["names"]["kind"], "NodeScalingWatermark");
+    let version = &spec["versions"][0];
+    assert_eq!(version["name"], "v1alpha1");
+    assert!(version["subresources"]["status"].is_mapping());
+    let columns: Vec<String> = version["additionalPrinterColumns"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|c| str_of(&c["name"]))
+        .collect();
+    assert_eq!(
+        columns,
+        ["Percentage", "Desired", "Ready", "Pending", "Age"]
+    );
+    let fields = &version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    for field in [
+        "watermarkPercentage",
+        "nodeSelector",
+        "tolerations",
+        "pausePodSize",
+        "pausePodImage",
+        "priorityClassName",
+        "devices",
+        "minPlaceholders",
+        "maxPlaceholders",
+    ] {
+        assert!(fields[field].is_mapping(), "spec.{field} missing");
+    }
+    assert_eq!(fields["watermarkPercentage"]["minimum"], 1);
+    assert_eq!(fields["watermarkPercentage"]["maximum"], 100);
+    let entry = &fields["devices"]["items"];
+    assert_eq!(strings(&entry["required"]), ["name", "deviceClassName"]);
+}
+
+/// headroom.enabled: the flag, the PriorityClass, and exactly the rights
+/// the headroom controller needs on top of the claim controller's.
+#[test]
+fn headroom_adds_its_flag_class_and_rights_only_when_enabled() {
+    let off = render_or_skip!(&[]);
+    assert!(all_of_kind(&off, "PriorityClass").is_empty());
+    assert!(!args(&off).iter().any(|a| a.starts_with("--controllers")));
+    let on = render_or_skip!(&[("headroom.enabled", "true")]);
+    assert!(args(&on).contains(&"--controllers=resourceclaim,headroom".to_string()));
+    let class = one_of_kind(&on, "PriorityClass");
+    assert_eq!(class["metadata"]["name"], "dra-headroom");
+    assert_eq!(class["value"], -1);
+    assert_eq!(class["preemptionPolicy"], "Never");
+    let mut want = expected_cluster_rules();
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    want.insert(
+        (
+            "dra-claim-controller.io".into(),
+            "nodescalingwatermarks".into(),
+        ),
+        set(&["get", "list", "watch"]),
+    );
+    want.insert(
+        (
+            "dra-claim-controller.io".into(),
+            "nodescalingwatermarks/status".into(),
+        ),
+        set(&["patch"]),
+    );
+    want.insert(
+        ("apps".into(), "deployments".into()),
+        set(&["get", "list", "watch", "create", "patch"]),
+    );
+    want.insert(("".into(), "nodes".into()), set(&["list", "watch"]));
+    assert_eq!(bound_cluster_rules(&on), want);
+    let no_class = render_or_skip!(&[
+        ("headroom.enabled", "true"),
+        ("headroom.priorityClass.create", "false")
+    ]);
+    assert!(all_of_kind(&no_class, "PriorityClass").is_empty());
 }

@@ -97,6 +97,11 @@ impl Quantity {
         i64::try_from(self.nanos / NANOS_PER_UNIT).ok()
     }
 
+    /// The exact value in billionths of a unit.
+    pub fn nanos(&self) -> i128 {
+        self.nanos
+    }
+
     pub fn as_approximate_float(&self) -> f64 {
         self.nanos as f64 / NANOS_PER_UNIT as f64
     }

@@ -2,4 +2,5 @@
 //! streams it needs; none imports another.
 
 pub mod allocator;
+pub mod headroom;
 pub mod resourceclaim;

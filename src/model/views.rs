@@ -10,11 +10,11 @@ use std::collections::BTreeMap;
 use std::ops::Deref;
 use std::time::Instant;
 
+use crate::runtime::resource::{view_accessors, view_resource};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{PodResourceClaim, PodResourceClaimStatus};
 use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
-use kube::Resource;
 use serde::{Deserialize, Deserializer};
 
 /// The metadata fields kept for every watched object.
@@ -150,49 +150,15 @@ where
 
 macro_rules! namespaced_resource {
     ($ty:ty, $group:expr, $version:expr, $kind:expr, $plural:expr) => {
-        impl Resource for $ty {
-            type DynamicType = ();
-            type Scope = NamespaceResourceScope;
-
-            fn kind(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($kind)
-            }
-            fn group(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($group)
-            }
-            fn version(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($version)
-            }
-            fn plural(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($plural)
-            }
-            fn meta(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
-
-        metadata_accessors!($ty);
-    };
-}
-
-/// `name()`, `namespace()` and `uid()` of a view with `metadata`.
-macro_rules! metadata_accessors {
-    ($ty:ty) => {
-        /// Name, namespace and UID; empty when unset.
-        impl $ty {
-            pub fn name(&self) -> &str {
-                self.metadata.name.as_deref().unwrap_or_default()
-            }
-            pub fn namespace(&self) -> &str {
-                self.metadata.namespace.as_deref().unwrap_or_default()
-            }
-            pub fn uid(&self) -> &str {
-                self.metadata.uid.as_deref().unwrap_or_default()
-            }
-        }
+        view_resource!(
+            $ty,
+            NamespaceResourceScope,
+            $group,
+            $version,
+            $kind,
+            $plural
+        );
+        view_accessors!($ty);
     };
 }
 
@@ -641,7 +607,7 @@ pub struct PodGroupViewStatus {
     pub resource_claim_statuses: Vec<PodResourceClaimStatus>,
 }
 
-impl Resource for PodGroupView {
+impl kube::Resource for PodGroupView {
     type DynamicType = PodGroupApi;
     // Namespaced, but the version is only known at run time, which kube
     // expresses with the dynamic scope.
@@ -667,7 +633,7 @@ impl Resource for PodGroupView {
     }
 }
 
-metadata_accessors!(PodGroupView);
+view_accessors!(PodGroupView);
 
 impl PodGroupView {
     pub fn is_deleting(&self) -> bool {
@@ -755,29 +721,14 @@ pub struct NodeView {
     pub metadata: ObjectMeta,
 }
 
-impl Resource for NodeView {
-    type DynamicType = ();
-    type Scope = k8s_openapi::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("Node")
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1")
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("nodes")
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+view_resource!(
+    NodeView,
+    k8s_openapi::ClusterResourceScope,
+    "",
+    "v1",
+    "Node",
+    "nodes"
+);
 
 impl crate::runtime::store::HasUid for PodView {
     fn uid(&self) -> &str {

@@ -15,5 +15,6 @@ pub mod http;
 pub mod informer;
 pub mod leader;
 pub mod reachability;
+pub mod resource;
 pub mod store;
 pub mod tls;

@@ -39,18 +39,21 @@ pub fn controller_rbac() -> Rbac {
     if std::env::var(RBAC_SOURCE_ENV).is_ok_and(|v| v == "builtin") {
         return RBAC.get_or_init(builtin).clone();
     }
-    RBAC.get_or_init(|| match helm::render_rbac(RELEASE, SYSTEM_NAMESPACE, &[]) {
-        Ok(Some(yaml)) => match from_chart(&yaml) {
-            Ok(rbac) => rbac,
+    // With headroom's rights, so that a test may run that controller too.
+    RBAC.get_or_init(|| {
+        match helm::render_rbac(RELEASE, SYSTEM_NAMESPACE, &[("headroom.enabled", "true")]) {
+            Ok(Some(yaml)) => match from_chart(&yaml) {
+                Ok(rbac) => rbac,
+                Err(e) => {
+                    eprintln!("e2e: rendered chart RBAC unusable ({e}); using the built-in rules");
+                    builtin()
+                }
+            },
+            Ok(None) => builtin(),
             Err(e) => {
-                eprintln!("e2e: rendered chart RBAC unusable ({e}); using the built-in rules");
+                eprintln!("e2e: chart render failed ({e}); using the built-in rules");
                 builtin()
             }
-        },
-        Ok(None) => builtin(),
-        Err(e) => {
-            eprintln!("e2e: chart render failed ({e}); using the built-in rules");
-            builtin()
         }
     })
     .clone()
