@@ -249,7 +249,16 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     let headroom = if args.controllers.headroom {
-        let headroom = Headroom::new(client.clone(), &registry)?;
+        let headroom = Headroom::new(
+            client.clone(),
+            &registry,
+            args.headroom_yield,
+            crate::controllers::headroom::yield_choice::Gates {
+                admin_access: args.feature_gates.gates.admin_access,
+                prioritized_list: args.feature_gates.gates.prioritized_list,
+            },
+            &identity,
+        )?;
         tokio::spawn(headroom.clone().run_watches());
         Some(headroom)
     } else {

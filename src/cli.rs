@@ -85,6 +85,10 @@ pub struct Args {
     #[arg(long, default_value = "resourceclaim", value_parser = parse_controllers)]
     pub controllers: Controllers,
 
+    /// With the headroom controller: release device placeholders so that a higher-priority pod waiting for devices binds (kube-scheduler cannot preempt pods for devices). false for a scheduler that can.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub headroom_yield: bool,
+
     /// Address for /metrics (":8080" = all interfaces, "0" = off).
     #[arg(long, default_value_t = BindAddress::all_interfaces(8080))]
     pub metrics_bind_address: BindAddress,

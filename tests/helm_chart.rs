@@ -1920,9 +1920,23 @@ fn headroom_adds_its_flag_class_and_rights_only_when_enabled() {
     );
     want.insert(
         ("apps".into(), "deployments".into()),
-        set(&["get", "list", "watch", "create", "patch"]),
+        set(&["get", "list", "watch", "create", "patch", "delete"]),
     );
+    want.insert(
+        ("resource.k8s.io".into(), "resourceclaimtemplates".into()),
+        set(&["get", "list", "watch", "create", "patch", "delete"]),
+    );
+    for resource in ["resourceslices", "deviceclasses"] {
+        want.insert(
+            ("resource.k8s.io".into(), resource.into()),
+            set(&["get", "list", "watch"]),
+        );
+    }
     want.insert(("".into(), "nodes".into()), set(&["list", "watch"]));
+    want.insert(
+        ("".into(), "pods".into()),
+        set(&["get", "list", "watch", "delete"]),
+    );
     assert_eq!(bound_cluster_rules(&on), want);
     let no_class = render_or_skip!(&[
         ("headroom.enabled", "true"),

@@ -107,24 +107,50 @@ struct MatchConstraint {
 /// reserved address space: only the pages touched become memory.
 const SOLVER_STACK_BYTES: usize = 64 << 20;
 
+/// The devices an allocation takes from others (admin-access results and
+/// shares of a device share it).
+pub fn devices_taken(result: &AllocationResult) -> Vec<DeviceId> {
+    result
+        .devices
+        .iter()
+        .flat_map(|d| d.results.iter().flatten())
+        .filter_map(|r| {
+            DeviceId::taken_by(
+                &r.driver,
+                &r.pool,
+                &r.device,
+                r.admin_access,
+                r.share_id.as_deref(),
+            )
+        })
+        .collect()
+}
+
+/// Runs `work` on a scoped thread with [`SOLVER_STACK_BYTES`] of stack:
+/// anything that compiles or evaluates tenant CEL goes through here. A
+/// panic in `work` ends the process (see `app::exit_on_panic`).
+pub fn on_solver_stack<T: Send>(work: impl FnOnce() -> T + Send) -> std::io::Result<T> {
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("cel".into())
+            .stack_size(SOLVER_STACK_BYTES)
+            .spawn_scoped(scope, work)
+            .map(|handle| {
+                handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+    })
+}
+
 /// Allocates the claim's devices on the input's node, on a thread of its
 /// own with [`SOLVER_STACK_BYTES`] of stack.
 pub fn allocate(input: &AllocationInput) -> Outcome {
-    std::thread::scope(|scope| {
-        let solver = std::thread::Builder::new()
-            .name("allocate".into())
-            .stack_size(SOLVER_STACK_BYTES)
-            .spawn_scoped(scope, || allocate_here(input));
-        match solver {
-            // A panic in the solver ends the process (see app::exit_on_panic).
-            Ok(handle) => handle
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-            Err(err) => Outcome::Refused(format!(
-                "claim {}: cannot start the allocation thread: {err}",
-                claim_key(input.claim)
-            )),
-        }
+    on_solver_stack(|| allocate_here(input)).unwrap_or_else(|err| {
+        Outcome::Refused(format!(
+            "claim {}: cannot start the allocation thread: {err}",
+            claim_key(input.claim)
+        ))
     })
 }
 

@@ -14,5 +14,5 @@ pub mod semver;
 #[cfg(test)]
 mod tests;
 
-pub use allocator::{AllocationInput, Outcome, allocate};
+pub use allocator::{AllocationInput, Outcome, allocate, devices_taken, on_solver_stack};
 pub use inventory::{Inventory, node_inventory};

@@ -119,6 +119,34 @@ fn builtin() -> Rbac {
             &["subjectaccessreviews"],
             &["create"],
         ),
+        // headroom.enabled (see controller_rbac).
+        rule(
+            "dra-claim-controller.io",
+            &["nodescalingwatermarks"],
+            &["get", "list", "watch"],
+        ),
+        rule(
+            "dra-claim-controller.io",
+            &["nodescalingwatermarks/status"],
+            &["patch"],
+        ),
+        rule(
+            "apps",
+            &["deployments"],
+            &["get", "list", "watch", "create", "patch", "delete"],
+        ),
+        rule(
+            "resource.k8s.io",
+            &["resourceclaimtemplates"],
+            &["create", "patch", "delete"],
+        ),
+        rule(
+            "resource.k8s.io",
+            &["resourceslices", "deviceclasses"],
+            &["get", "list", "watch"],
+        ),
+        rule("", &["nodes"], &["list", "watch"]),
+        rule("", &["pods"], &["delete"]),
     ];
     let subject = json!([{"kind": "ServiceAccount", "name": sa, "namespace": SYSTEM_NAMESPACE}]);
     let docs = vec![

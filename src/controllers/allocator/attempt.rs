@@ -15,7 +15,7 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::Context;
-use crate::allocate::{self, AllocationInput, Inventory, Outcome};
+use crate::allocate::{self, AllocationInput, Inventory, Outcome, devices_taken};
 use crate::model::DeviceId;
 use crate::model::consumers::DELETE_PROTECTION_FINALIZER;
 use crate::model::views::{ClaimView, PodView};
@@ -151,7 +151,7 @@ pub fn plan(
             let name = claim.metadata.name.clone().unwrap_or_default();
             match outcome {
                 Outcome::Allocated(result) => {
-                    taken.extend(held(&result));
+                    taken.extend(devices_taken(&result));
                     results[i] = Some(result);
                 }
                 Outcome::Unsatisfiable(why) => {
@@ -199,24 +199,6 @@ fn orders(n: usize) -> Vec<Vec<usize>> {
     out
 }
 
-/// The devices an allocation takes from others (admin access shares).
-fn held(result: &AllocationResult) -> Vec<DeviceId> {
-    result
-        .devices
-        .iter()
-        .flat_map(|d| d.results.iter().flatten())
-        .filter_map(|r| {
-            DeviceId::taken_by(
-                &r.driver,
-                &r.pool,
-                &r.device,
-                r.admin_access,
-                r.share_id.as_deref(),
-            )
-        })
-        .collect()
-}
-
 /// Adds the finalizer, then writes allocation and reservation in one patch
 /// guarded by the resourceVersion.
 async fn write(
@@ -236,7 +218,7 @@ async fn write(
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     let ns = claim.metadata.namespace.as_deref().unwrap_or_default();
     let uid = claim.metadata.uid.as_deref().unwrap_or_default();
-    let devices = held(&result);
+    let devices = devices_taken(&result);
     let mut version = claim.metadata.resource_version.clone().unwrap_or_default();
     let finalizers = claim.metadata.finalizers.clone().unwrap_or_default();
     if !finalizers.iter().any(|f| f == DELETE_PROTECTION_FINALIZER) {

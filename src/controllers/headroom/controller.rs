@@ -1,35 +1,59 @@
-//! The headroom controller: its watches (watermarks, pods, nodes), one
-//! queue of watermark keys with one worker, and the sync that applies the
-//! placeholders' Deployment and writes the status. Leader only.
+//! The headroom controller: its watches (watermarks, pods, nodes, and for
+//! device entries slices, classes and claims), one queue of watermark keys
+//! with one worker, and the sync that applies the placeholders' objects
+//! and writes the status. Leader only.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{DynamicObject, Patch, PatchParams};
-use prometheus::{IntGaugeVec, Opts, Registry};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use serde_json::Value;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::desired::{CPU_MEMORY_ENTRY, Owner, cpu_memory_deployment};
-use super::sizing::cpu_memory_placeholders;
-use super::status::{Observed, conditions, status_patch};
-use super::usage::{HeadroomNode, HeadroomPod, workload_requests};
+use super::desired::{
+    CPU_MEMORY_ENTRY, Owner, cpu_memory_deployment, device_claim_template, device_deployment,
+};
+use super::devices::{Consumer, DeviceCount, count_devices, device_consumers, entry_devices};
+use super::sizing::{Bounds, cpu_memory_placeholders, placeholders};
+use super::status::{EntryObserved, Observed, conditions, status_patch};
+use super::usage::{HeadroomNode, HeadroomPod, WATERMARK_LABEL, workload_requests};
 use super::watermark::{WatermarkView, carry_transitions, selects};
+use super::yield_choice::{CandidateNode, Gates, Placeholder, WaitingPod, choose_yield};
+use crate::allocate::inventory::node_inventory;
+use crate::allocate::quantity::Quantity;
+use crate::allocate::{Inventory, on_solver_stack};
+use crate::model::DeviceId;
+use crate::model::views::ClaimView;
 use crate::runtime::error::{SyncError, kube_err};
+use crate::runtime::events::{EventRecorder, Involved};
 use crate::runtime::informer::{Handler, Informer};
 use crate::runtime::store::{Store, object_key};
 use crate::workqueue::WorkQueue;
 
 /// The queue's name (`workqueue_*{name="dra_headroom"}`).
 pub const QUEUE_NAME: &str = "dra_headroom";
-/// Field manager of the placeholders' Deployments and of the status.
+/// Field manager of the placeholders' objects and of the status.
 pub const FIELD_MANAGER: &str = "dra-claim-controller-headroom";
 
-/// `dra_headroom_placeholders{namespace,watermark,entry,state}`.
+/// `dra_headroom_placeholders`, `dra_headroom_devices`,
+/// `dra_headroom_yields_total`.
 struct Metrics {
     placeholders: IntGaugeVec,
+    devices: IntGaugeVec,
+    yields: IntCounterVec,
+    /// The entries each watermark (`namespace/name`) has series for.
+    series: Mutex<HashMap<(String, String), Vec<String>>>,
 }
 
 impl Metrics {
@@ -41,29 +65,84 @@ impl Metrics {
             ),
             &["namespace", "watermark", "entry", "state"],
         )?;
+        let devices = IntGaugeVec::new(
+            Opts::new(
+                "dra_headroom_devices",
+                "Devices a NodeScalingWatermark device entry selects on its nodes: total, in_use (by workload pods) and held (by its placeholders).",
+            ),
+            &["namespace", "watermark", "entry", "state"],
+        )?;
+        let yields = IntCounterVec::new(
+            Opts::new(
+                "dra_headroom_yields_total",
+                "Device placeholders of a NodeScalingWatermark released so that a pod waiting for devices could bind.",
+            ),
+            &["namespace", "watermark"],
+        )?;
         registry.register(Box::new(placeholders.clone()))?;
-        Ok(Metrics { placeholders })
+        registry.register(Box::new(devices.clone()))?;
+        registry.register(Box::new(yields.clone()))?;
+        Ok(Metrics {
+            placeholders,
+            devices,
+            yields,
+            series: Mutex::default(),
+        })
     }
 
-    fn set(&self, wm: &WatermarkView, entry: &str, observed: &Observed) {
-        for (state, value) in [
-            ("desired", observed.desired),
-            ("ready", observed.ready),
-            ("pending", observed.pending),
-        ] {
-            self.placeholders
-                .with_label_values(&[wm.namespace(), wm.name(), entry, state])
-                .set(i64::from(value));
-        }
-    }
-
-    fn forget(&self, namespace: &str, name: &str) {
-        for state in ["desired", "ready", "pending"] {
-            let _ =
+    fn set(&self, wm: &WatermarkView, observed: &Observed) {
+        self.forget(wm.namespace(), wm.name());
+        self.series.lock().unwrap().insert(
+            (wm.namespace().to_string(), wm.name().to_string()),
+            observed.entries.iter().map(|e| e.name.clone()).collect(),
+        );
+        for e in &observed.entries {
+            let labels = |state| [wm.namespace(), wm.name(), e.name.as_str(), state];
+            for (state, value) in [
+                ("desired", e.desired),
+                ("ready", e.ready),
+                ("pending", e.pending),
+            ] {
                 self.placeholders
-                    .remove_label_values(&[namespace, name, CPU_MEMORY_ENTRY, state]);
+                    .with_label_values(&labels(state))
+                    .set(i64::from(value));
+            }
+            if let Some(d) = e.devices {
+                for (state, value) in [("total", d.total), ("in_use", d.in_use), ("held", d.held)] {
+                    self.devices
+                        .with_label_values(&labels(state))
+                        .set(i64::from(value));
+                }
+            }
         }
     }
+
+    /// Drops every series of a watermark (deleted, or its entries changed).
+    fn forget(&self, namespace: &str, name: &str) {
+        let key = (namespace.to_string(), name.to_string());
+        let entries = self.series.lock().unwrap().remove(&key).unwrap_or_default();
+        for entry in &entries {
+            for state in ["desired", "ready", "pending"] {
+                let _ = self
+                    .placeholders
+                    .remove_label_values(&[namespace, name, entry, state]);
+            }
+            for state in ["total", "in_use", "held"] {
+                let _ = self
+                    .devices
+                    .remove_label_values(&[namespace, name, entry, state]);
+            }
+        }
+    }
+}
+
+/// What the last successful sync of a watermark wrote: an unchanged sync
+/// writes nothing.
+#[derive(Default)]
+struct Written {
+    /// Object key (`Kind/name`) → the applied body.
+    objects: BTreeMap<String, Value>,
+    observed: Option<Observed>,
 }
 
 /// The headroom controller.
@@ -74,28 +153,79 @@ pub struct Controller {
     watermarks: Store<WatermarkView>,
     pods: Store<HeadroomPod>,
     nodes: Store<HeadroomNode>,
-    /// What the last successful sync of each watermark wrote (Deployment
-    /// body, status counts): an unchanged sync writes nothing.
-    written: std::sync::Mutex<std::collections::HashMap<String, (serde_json::Value, Observed)>>,
-    watermark_informer: Informer,
-    pod_informer: Informer,
-    node_informer: Informer,
+    slices: Store<ResourceSlice>,
+    classes: Store<DeviceClass>,
+    claims: Store<ClaimView>,
+    written: Mutex<HashMap<String, Written>>,
+    informers: [Informer; 6],
     metrics: Metrics,
+    /// `--headroom-yield`.
+    yield_enabled: bool,
+    /// When each pod (by UID) last made placeholders yield.
+    yielded_at: Mutex<HashMap<String, Instant>>,
+    gates: Gates,
+    events: EventRecorder,
+}
+
+/// A pod makes placeholders yield at most once per this.
+const YIELD_EVERY: Duration = Duration::from_secs(30);
+/// Priority below which a pod never makes placeholders yield (the
+/// chart's placeholder class is -1; a pod at or below it would not be
+/// scheduled ahead of them anyway).
+const PLACEHOLDER_PRIORITY: i32 = -1;
+/// Queue keys of pods waiting for devices carry this prefix; watermark
+/// keys are plain `namespace/name`.
+const POD_KEY_PREFIX: &str = "pod:";
+/// The source of the yield's events.
+pub const EVENT_COMPONENT: &str = "dra-claim-controller-headroom";
+
+fn deployments() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("apps", "v1", "Deployment"),
+        "deployments",
+    )
+}
+
+fn claim_templates() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceClaimTemplate"),
+        "resourceclaimtemplates",
+    )
 }
 
 impl Controller {
-    pub fn new(client: kube::Client, registry: &Registry) -> anyhow::Result<Arc<Self>> {
+    /// A headroom controller; `yield_enabled` is `--headroom-yield`, `gates`
+    /// the allocation features the yield's allocator may use.
+    pub fn new(
+        client: kube::Client,
+        registry: &Registry,
+        yield_enabled: bool,
+        gates: Gates,
+        identity: &str,
+    ) -> anyhow::Result<Arc<Self>> {
         Ok(Arc::new(Controller {
+            events: EventRecorder::new(client.clone(), EVENT_COMPONENT, identity.to_string()),
+            yield_enabled,
+            yielded_at: Mutex::default(),
+            gates,
             client,
             queue: WorkQueue::new(QUEUE_NAME, Some(registry)),
             leading: AtomicBool::new(false),
             watermarks: Store::new(Vec::new()),
             pods: Store::new(Vec::new()),
             nodes: Store::new(Vec::new()),
-            written: Default::default(),
-            watermark_informer: Informer::new("nodescalingwatermarks"),
-            pod_informer: Informer::new("pods (headroom)"),
-            node_informer: Informer::new("nodes (headroom)"),
+            slices: Store::new(Vec::new()),
+            classes: Store::new(Vec::new()),
+            claims: Store::new(Vec::new()),
+            written: Mutex::default(),
+            informers: [
+                Informer::new("nodescalingwatermarks"),
+                Informer::new("pods (headroom)"),
+                Informer::new("nodes (headroom)"),
+                Informer::new("resourceslices (headroom)"),
+                Informer::new("deviceclasses (headroom)"),
+                Informer::new("resourceclaims (headroom)"),
+            ],
             metrics: Metrics::register(registry)?,
         }))
     }
@@ -104,26 +234,36 @@ impl Controller {
         &self.queue
     }
 
-    /// Runs the three watches until the process ends.
+    /// Runs the watches until the process ends.
     pub async fn run_watches(self: Arc<Self>) {
         let client = self.client.clone();
         let this = &*self;
-        let (watermark_events, pod_events, node_events) =
-            (WatermarkEvents(this), PodEvents(this), NodeEvents(this));
+        let [watermarks, pods, nodes, slices, classes, claims] = &this.informers;
+        let (wm_events, pod_events) = (WatermarkEvents(this), PodEvents(this));
+        let node_events = Mirror(this, &this.nodes, |n: &HeadroomNode| n.name().to_string());
+        let slice_events = Mirror(this, &this.slices, |s: &ResourceSlice| {
+            s.metadata.name.clone().unwrap_or_default()
+        });
+        let class_events = Mirror(this, &this.classes, |c: &DeviceClass| {
+            c.metadata.name.clone().unwrap_or_default()
+        });
+        let claim_events = Mirror(this, &this.claims, |c: &ClaimView| {
+            object_key(c.namespace(), c.name())
+        });
         tokio::join!(
-            this.watermark_informer
-                .run(Api::<WatermarkView>::all(client.clone()), &watermark_events),
-            this.pod_informer
-                .run(Api::<HeadroomPod>::all(client.clone()), &pod_events),
-            this.node_informer
-                .run(Api::<HeadroomNode>::all(client.clone()), &node_events),
+            watermarks.run(Api::<WatermarkView>::all(client.clone()), &wm_events),
+            pods.run(Api::<HeadroomPod>::all(client.clone()), &pod_events),
+            nodes.run(Api::<HeadroomNode>::all(client.clone()), &node_events),
+            slices.run(Api::<ResourceSlice>::all(client.clone()), &slice_events),
+            classes.run(Api::<DeviceClass>::all(client.clone()), &class_events),
+            claims.run(Api::<ClaimView>::all(client.clone()), &claim_events),
         );
     }
 
     pub async fn wait_synced(&self) {
-        self.watermark_informer.wait_synced().await;
-        self.pod_informer.wait_synced().await;
-        self.node_informer.wait_synced().await;
+        for informer in &self.informers {
+            informer.wait_synced().await;
+        }
     }
 
     /// From now on events enqueue work; every watermark is queued.
@@ -149,7 +289,8 @@ impl Controller {
     }
 
     /// Usage moves every watermark whose nodes it touches; there are few
-    /// watermarks, so all are queued (the queue folds repeats).
+    /// watermarks, so all are queued (the queue folds repeats, and a sync
+    /// that changes nothing writes nothing).
     fn enqueue_all(&self) {
         for wm in self.watermarks.list() {
             self.enqueue(object_key(wm.namespace(), wm.name()));
@@ -174,114 +315,277 @@ impl Controller {
     }
 
     async fn sync(&self, key: &str) -> Result<(), SyncError> {
+        if let Some(pod) = key.strip_prefix(POD_KEY_PREFIX) {
+            return self.yield_for(pod).await;
+        }
         let Some(wm) = self.watermarks.get(key) else {
             debug!("watermark is gone; its objects go with it (owner references)");
             return Ok(());
         };
+        let (observed, objects) = self.decide(key, &wm)?;
+        self.metrics.set(&wm, &observed);
+        let before = self.written.lock().unwrap().remove(key).unwrap_or_default();
+        let mut written = Written {
+            objects: BTreeMap::new(),
+            observed: before.observed.clone(),
+        };
+        let result = self
+            .write(&wm, &before, &mut written, objects, &observed)
+            .await;
+        self.written
+            .lock()
+            .unwrap()
+            .insert(key.to_string(), written);
+        result
+    }
+
+    /// What the watermark wants now, from the caches: the status and the
+    /// objects (templates before the Deployments that name them).
+    fn decide(&self, key: &str, wm: &WatermarkView) -> Result<(Observed, Vec<Value>), SyncError> {
         let settled = wm.spec.settle();
-        let selected: HashSet<String> = self
+        let mut nodes: Vec<String> = self
             .nodes
             .list()
             .iter()
             .filter(|n| selects(&settled.placement.node_selector, n.labels()))
             .map(|n| n.name().to_string())
             .collect();
+        nodes.sort();
+        let selected: HashSet<&str> = nodes.iter().map(String::as_str).collect();
         let pods = self.pods.list();
-        let usage = workload_requests(pods.iter().map(|p| &**p), |node| selected.contains(node));
-        let mine = |p: &&Arc<HeadroomPod>| {
-            p.namespace() == wm.namespace() && p.watermark() == Some(wm.name()) && !p.is_terminal()
+        let usage = workload_requests(pods.iter().map(|p| &**p), |n| selected.contains(n));
+        let placeholders_of = |entry: &str| {
+            let mine = pods.iter().filter(|p| {
+                p.namespace() == wm.namespace()
+                    && p.watermark() == Some(wm.name())
+                    && p.entry() == Some(entry)
+                    && !p.is_terminal()
+                    && p.metadata.deletion_timestamp.is_none()
+            });
+            let (bound, unbound): (Vec<_>, Vec<_>) = mine.partition(|p| p.spec.node_name.is_some());
+            (count(bound.len()), count(unbound.len()))
         };
-        let ready = pods
-            .iter()
-            .filter(mine)
-            .filter(|p| p.spec.node_name.is_some())
-            .count();
-        let pending = pods
-            .iter()
-            .filter(mine)
-            .filter(|p| p.spec.node_name.is_none())
-            .count();
+        let owner = Owner {
+            namespace: wm.namespace(),
+            name: wm.name(),
+            uid: wm.uid(),
+        };
         let mut observed = Observed {
             generation: wm.metadata.generation,
-            ready: u32::try_from(ready).unwrap_or(u32::MAX),
-            pending: u32::try_from(pending).unwrap_or(u32::MAX),
-            ..Observed::default()
+            entries: Vec::new(),
         };
-        let mut deployment = serde_json::Value::Null;
+        let mut objects = Vec::new();
+
+        let (ready, pending) = placeholders_of(CPU_MEMORY_ENTRY);
+        let mut cpu = EntryObserved {
+            name: CPU_MEMORY_ENTRY.into(),
+            ready,
+            pending,
+            ..EntryObserved::default()
+        };
         match &settled.cpu_memory {
             Ok(entry) => {
-                observed.desired =
+                cpu.desired =
                     cpu_memory_placeholders(usage, entry.percentage, entry.pause, entry.bounds);
-                let owner = Owner {
-                    namespace: wm.namespace(),
-                    name: wm.name(),
-                    uid: wm.uid(),
+                objects.push(cpu_memory_deployment(
+                    owner,
+                    &settled.placement,
+                    entry,
+                    cpu.desired,
+                ));
+                debug!(cpu_in_use = %usage.cpu, memory_in_use = %usage.memory, desired = cpu.desired, "CPU/memory placeholders sized");
+            }
+            Err(why) => cpu.invalid = Some(why.clone()),
+        }
+        observed.entries.push(cpu);
+
+        if !wm.spec.devices.is_empty() {
+            let counts = self.count_entry_devices(key, wm, &nodes, &pods, &selected)?;
+            for (entry, counted) in wm.spec.devices.iter().zip(counts) {
+                let (ready, pending) = placeholders_of(&entry.name);
+                let mut e = EntryObserved {
+                    name: entry.name.clone(),
+                    ready,
+                    pending,
+                    ..EntryObserved::default()
                 };
-                deployment =
-                    cpu_memory_deployment(owner, &settled.placement, entry, observed.desired);
-                debug!(
-                    selected_nodes = selected.len(),
-                    cpu_in_use = %usage.cpu,
-                    memory_in_use = %usage.memory,
-                    desired = observed.desired,
-                    ready = observed.ready,
-                    pending = observed.pending,
-                    "placeholders sized"
-                );
+                match counted {
+                    Ok(devices) => {
+                        let percentage = entry
+                            .watermark_percentage
+                            .unwrap_or(wm.spec.watermark_percentage);
+                        let bounds = Bounds {
+                            min: entry.min_placeholders,
+                            max: entry.max_placeholders,
+                        };
+                        let per = i64::from(entry.count.unwrap_or(1));
+                        e.desired = placeholders(
+                            Quantity::from_units(i64::from(devices.in_use)),
+                            percentage,
+                            Quantity::from_units(per),
+                            bounds,
+                        );
+                        e.devices = Some(devices);
+                        objects.push(device_claim_template(owner, entry));
+                        objects.push(device_deployment(
+                            owner,
+                            &settled.placement,
+                            entry,
+                            e.desired,
+                        ));
+                        debug!(entry = %entry.name, total = devices.total, in_use = devices.in_use, held = devices.held, desired = e.desired, "device placeholders sized");
+                    }
+                    Err(why) => {
+                        warn!(entry = %entry.name, reason = %why, "device entry is invalid; no placeholders for it");
+                        e.invalid = Some(why);
+                    }
+                }
+                observed.entries.push(e);
             }
-            Err(why) => {
-                warn!(reason = %why, "watermark is invalid; no placeholders for it");
-                observed.invalid = Some(why.clone());
+        }
+        Ok((observed, objects))
+    }
+
+    /// Each device entry's count, or why it is invalid. Compiling and
+    /// evaluating CEL happens on the solver's stack (tenant expressions).
+    fn count_entry_devices(
+        &self,
+        key: &str,
+        wm: &WatermarkView,
+        nodes: &[String],
+        pods: &[Arc<HeadroomPod>],
+        selected: &HashSet<&str>,
+    ) -> Result<Vec<Result<DeviceCount, String>>, SyncError> {
+        let classes: BTreeMap<String, Arc<DeviceClass>> = self
+            .classes
+            .list()
+            .into_iter()
+            .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
+            .collect();
+        let slices = self.slices.list();
+        let claims = self.claims.list();
+        let by_uid: HashMap<&str, &HeadroomPod> = pods
+            .iter()
+            .filter_map(|p| Some((p.metadata.uid.as_deref()?, &**p)))
+            .collect();
+        let consumers = device_consumers(&claims, |uid| {
+            let pod = by_uid.get(uid)?;
+            match (pod.watermark(), pod.entry()) {
+                (Some(w), Some(e)) => Some(Consumer::Placeholder(
+                    object_key(pod.namespace(), w),
+                    e.to_string(),
+                )),
+                _ if pod.is_workload(|n| selected.contains(n)) => Some(Consumer::Workload),
+                _ => None,
             }
+        });
+        on_solver_stack(|| {
+            wm.spec
+                .devices
+                .iter()
+                .enumerate()
+                .map(|(i, entry)| {
+                    let devices = entry_devices(i, entry, &classes)?;
+                    let mine = Consumer::Placeholder(key.to_string(), entry.name.clone());
+                    Ok(count_devices(&devices, &mine, nodes, &slices, &consumers))
+                })
+                .collect()
+        })
+        .map_err(|err| SyncError::Invalid(format!("cannot start the CEL thread: {err}")))
+    }
+
+    /// Applies what changed since the last sync, deletes the objects of
+    /// entries that are gone (or invalid), writes the status if it changed.
+    async fn write(
+        &self,
+        wm: &WatermarkView,
+        before: &Written,
+        written: &mut Written,
+        objects: Vec<Value>,
+        observed: &Observed,
+    ) -> Result<(), SyncError> {
+        let ns = wm.namespace();
+        for object in objects {
+            let kind = object["kind"].as_str().unwrap_or_default().to_string();
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let id = format!("{kind}/{name}");
+            if before.objects.get(&id) != Some(&object) {
+                let resource = if kind == "Deployment" {
+                    deployments()
+                } else {
+                    claim_templates()
+                };
+                Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &resource)
+                    .patch(
+                        &name,
+                        &PatchParams::apply(FIELD_MANAGER).force(),
+                        &Patch::Apply(&object),
+                    )
+                    .await
+                    .map_err(kube_err(format!("applying {kind} {ns}/{name}")))?;
+                info!(object = %id, replicas = %object["spec"]["replicas"], "placeholders' object applied");
+            }
+            written.objects.insert(id, object);
         }
-        if !wm.spec.devices.is_empty() && observed.invalid.is_none() {
-            observed.invalid = Some(
-                "spec.devices: device headroom is not served by this version yet; remove the \
-                 entries or run a version that serves them"
-                    .into(),
-            );
+        let entries_changed = before.objects.keys().ne(written.objects.keys());
+        if entries_changed {
+            self.prune(wm, &written.objects).await?;
         }
-        self.metrics.set(&wm, CPU_MEMORY_ENTRY, &observed);
-        let written = self.written.lock().unwrap().get(key).cloned();
-        if written.as_ref().map(|(d, _)| d) != Some(&deployment) && !deployment.is_null() {
-            self.apply_deployment(wm.namespace(), &deployment).await?;
-            info!(
-                desired = observed.desired,
-                "placeholders' Deployment applied"
-            );
+        if written.observed.as_ref() != Some(observed) {
+            self.write_status(wm, observed).await?;
+            written.observed = Some(observed.clone());
         }
-        if written.as_ref().map(|(_, o)| o) != Some(&observed) {
-            self.write_status(&wm, &observed).await?;
-        }
-        self.written
-            .lock()
-            .unwrap()
-            .insert(key.to_string(), (deployment, observed));
         Ok(())
     }
 
-    async fn apply_deployment(
+    /// Deletes this watermark's Deployments and templates that no entry
+    /// wants any more (after a restart this lists once per watermark).
+    async fn prune(
         &self,
-        namespace: &str,
-        deployment: &serde_json::Value,
+        wm: &WatermarkView,
+        keep: &BTreeMap<String, Value>,
     ) -> Result<(), SyncError> {
-        let name = deployment["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let resource = kube::api::ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("apps", "v1", "Deployment"),
-            "deployments",
-        );
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), namespace, &resource);
-        api.patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(deployment),
-        )
-        .await
-        .map_err(kube_err(format!("applying Deployment {namespace}/{name}")))?;
+        let ns = wm.namespace();
+        let selector = format!("{WATERMARK_LABEL}={}", wm.name());
+        for (kind, resource) in [
+            ("Deployment", deployments()),
+            ("ResourceClaimTemplate", claim_templates()),
+        ] {
+            let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &resource);
+            let listed = api
+                .list_metadata(&ListParams::default().labels(&selector))
+                .await
+                .map_err(kube_err(format!(
+                    "listing the {kind}s of NodeScalingWatermark {ns}/{}",
+                    wm.name()
+                )))?;
+            for object in listed.items {
+                let name = object.metadata.name.unwrap_or_default();
+                let owned = object
+                    .metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.controller == Some(true) && o.uid == wm.uid());
+                if owned && !keep.contains_key(&format!("{kind}/{name}")) {
+                    match api.delete(&name, &DeleteParams::background()).await {
+                        Ok(_) => {
+                            info!(object = %format!("{kind}/{name}"), "deleted the objects of an entry that is gone")
+                        }
+                        Err(kube::Error::Api(s)) if s.code == 404 => {}
+                        Err(err) => {
+                            return Err(SyncError::kube(
+                                format!("deleting {kind} {ns}/{name}"),
+                                err,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -304,6 +608,248 @@ impl Controller {
     }
 }
 
+impl Controller {
+    /// Makes device placeholders yield for the pod `key` if it still waits
+    /// for devices and releasing some on one node lets it bind there.
+    async fn yield_for(&self, key: &str) -> Result<(), SyncError> {
+        let Some(cached) = self.pods.get(key) else {
+            return Ok(());
+        };
+        if !cached.waits_for_devices(PLACEHOLDER_PRIORITY) {
+            return Ok(());
+        }
+        let uid = cached.uid().to_string();
+        if self
+            .yielded_at
+            .lock()
+            .unwrap()
+            .get(&uid)
+            .is_some_and(|at| at.elapsed() < YIELD_EVERY)
+        {
+            debug!(pod = %key, "placeholders yielded for this pod less than 30 s ago");
+            return Ok(());
+        }
+        // The pod's constraints and claims, fresh: the cache keeps neither.
+        let (ns, name) = (cached.namespace(), cached.name());
+        let pod = match Api::<Pod>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await
+        {
+            Ok(Some(pod)) => pod,
+            Ok(None) => return Ok(()),
+            Err(err) => return Err(SyncError::kube(format!("reading pod {key}"), err)),
+        };
+        let claims = self.unallocated_claims(&pod).await?;
+        if claims.is_empty() {
+            return Ok(());
+        }
+        let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+        let nodes = self.yield_nodes(priority);
+        let classes: BTreeMap<String, Arc<DeviceClass>> = self
+            .classes
+            .list()
+            .into_iter()
+            .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
+            .collect();
+        let spec = pod.spec.clone().unwrap_or_default();
+        let waiting = WaitingPod {
+            claims: claims.iter().collect(),
+            node_selector: spec.node_selector.clone().unwrap_or_default(),
+            required_affinity: spec
+                .affinity
+                .as_ref()
+                .and_then(|a| a.node_affinity.as_ref())
+                .and_then(|a| {
+                    a.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                }),
+            tolerations: spec.tolerations.as_deref().unwrap_or_default(),
+        };
+        let candidates: Vec<CandidateNode<'_>> = nodes
+            .iter()
+            .map(|n| CandidateNode {
+                name: &n.name,
+                labels: &n.labels,
+                taints: &n.taints,
+                inventory: &n.inventory,
+                in_use: &n.in_use,
+                placeholders: n.placeholders.clone(),
+            })
+            .collect();
+        let Some(chosen) = choose_yield(&waiting, &candidates, &classes, self.gates) else {
+            debug!(pod = %key, "no single node would fit the pod after a yield; nothing released");
+            return Ok(());
+        };
+        self.yielded_at.lock().unwrap().insert(uid, Instant::now());
+        for placeholder in &chosen.placeholders {
+            let (p_ns, p_name) = placeholder.split_once('/').unwrap_or(("", placeholder));
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), p_ns);
+            match api
+                .delete(p_name, &DeleteParams::default().grace_period(0))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(err) => {
+                    return Err(SyncError::kube(
+                        format!("deleting placeholder pod {placeholder}"),
+                        err,
+                    ));
+                }
+            }
+            if let Some(p) = self.pods.get(placeholder)
+                && let Some(wm) = p.watermark()
+            {
+                self.metrics.yields.with_label_values(&[p_ns, wm]).inc();
+            }
+        }
+        info!(
+            pod = %key,
+            node = %chosen.node,
+            placeholders = %chosen.placeholders.join(","),
+            "placeholders yielded their devices for a pod waiting for devices"
+        );
+        let involved = Involved {
+            api_version: "v1".into(),
+            kind: "Pod",
+            name,
+            namespace: ns,
+            uid: pod.metadata.uid.as_deref().unwrap_or_default(),
+            resource_version: None,
+        };
+        self.events
+            .warn(
+                &involved,
+                "PlaceholdersYielded",
+                &format!(
+                    "released {} headroom placeholder(s) on node {} ({}) so that this pod's claims \
+                     can be allocated there: kube-scheduler cannot preempt pods for devices",
+                    chosen.placeholders.len(),
+                    chosen.node,
+                    chosen.placeholders.join(", ")
+                ),
+            )
+            .await;
+        Ok(())
+    }
+
+    /// The pod's claims that are not allocated yet, read live; a claim not
+    /// created yet means the yield waits for it.
+    async fn unallocated_claims(&self, pod: &Pod) -> Result<Vec<ResourceClaim>, SyncError> {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let statuses = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.resource_claim_statuses.clone())
+            .unwrap_or_default();
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), ns);
+        let mut out = Vec::new();
+        for entry in pod
+            .spec
+            .iter()
+            .flat_map(|s| s.resource_claims.iter().flatten())
+        {
+            let name = entry.resource_claim_name.clone().or_else(|| {
+                statuses
+                    .iter()
+                    .find(|s| s.name == entry.name)
+                    .and_then(|s| s.resource_claim_name.clone())
+            });
+            let Some(name) = name else {
+                return Ok(Vec::new());
+            };
+            match api.get_opt(&name).await {
+                Ok(Some(claim)) => {
+                    if claim
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.allocation.as_ref())
+                        .is_none()
+                    {
+                        out.push(claim);
+                    }
+                }
+                Ok(None) => return Ok(Vec::new()),
+                Err(err) => {
+                    return Err(SyncError::kube(
+                        format!("reading ResourceClaim {ns}/{name}"),
+                        err,
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The nodes of watermarks with device entries, with their devices and
+    /// the device placeholders (below `priority`) bound there.
+    fn yield_nodes(&self, priority: i32) -> Vec<YieldNode> {
+        let nodes = self.nodes.list();
+        let mut selected: BTreeMap<String, Arc<HeadroomNode>> = BTreeMap::new();
+        for wm in self
+            .watermarks
+            .list()
+            .iter()
+            .filter(|w| !w.spec.devices.is_empty())
+        {
+            let selector = wm.spec.settle().placement.node_selector;
+            for node in nodes.iter().filter(|n| selects(&selector, n.labels())) {
+                selected.insert(node.name().to_string(), node.clone());
+            }
+        }
+        let slices = self.slices.list();
+        let claims = self.claims.list();
+        let in_use: HashSet<DeviceId> = claims.iter().flat_map(|c| c.held_devices()).collect();
+        let pods = self.pods.list();
+        selected
+            .into_iter()
+            .map(|(name, node)| {
+                let placeholders = pods
+                    .iter()
+                    .filter(|p| {
+                        p.spec.node_name.as_deref() == Some(name.as_str())
+                            && p.watermark().is_some()
+                            && p.entry().is_some_and(|e| e != CPU_MEMORY_ENTRY)
+                            && p.spec.priority.unwrap_or(0) < priority
+                            && !p.is_terminal()
+                            && p.metadata.deletion_timestamp.is_none()
+                    })
+                    .map(|p| Placeholder {
+                        pod: object_key(p.namespace(), p.name()),
+                        devices: claims
+                            .iter()
+                            .filter(|c| c.is_reserved_for(p.uid()))
+                            .flat_map(|c| c.held_devices())
+                            .collect(),
+                    })
+                    .collect();
+                YieldNode {
+                    inventory: node_inventory(&name, &slices),
+                    labels: node.labels().clone(),
+                    taints: node.spec.taints.clone(),
+                    in_use: in_use.clone(),
+                    placeholders,
+                    name,
+                }
+            })
+            .collect()
+    }
+}
+
+/// A node as the yield needs it, owned.
+struct YieldNode {
+    name: String,
+    labels: BTreeMap<String, String>,
+    taints: Vec<k8s_openapi::api::core::v1::Taint>,
+    inventory: Inventory,
+    in_use: HashSet<DeviceId>,
+    placeholders: Vec<Placeholder>,
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
 struct WatermarkEvents<'a>(&'a Controller);
 
 impl Handler<WatermarkView> for WatermarkEvents<'_> {
@@ -314,6 +860,8 @@ impl Handler<WatermarkView> for WatermarkEvents<'_> {
             .collect();
         for gone in self.0.watermarks.replace(entries) {
             self.0.metrics.forget(gone.namespace(), gone.name());
+            let key = object_key(gone.namespace(), gone.name());
+            self.0.written.lock().unwrap().remove(&key);
         }
         self.0.enqueue_all();
     }
@@ -342,9 +890,11 @@ impl Handler<HeadroomPod> for PodEvents<'_> {
         self.0.enqueue_all();
     }
     fn applied(&self, pod: HeadroomPod) {
-        self.0
-            .pods
-            .apply(object_key(pod.namespace(), pod.name()), Arc::new(pod));
+        let key = object_key(pod.namespace(), pod.name());
+        if self.0.yield_enabled && pod.waits_for_devices(PLACEHOLDER_PRIORITY) {
+            self.0.enqueue(format!("{POD_KEY_PREFIX}{key}"));
+        }
+        self.0.pods.apply(key, Arc::new(pod));
         self.0.enqueue_all();
     }
     fn deleted(&self, pod: HeadroomPod) {
@@ -353,23 +903,30 @@ impl Handler<HeadroomPod> for PodEvents<'_> {
     }
 }
 
-struct NodeEvents<'a>(&'a Controller);
+/// Keeps a store in step with a watch, keyed by `key`, and queues every
+/// watermark on each change (nodes, slices, classes and claims move the
+/// counts).
+struct Mirror<'a, K, F>(&'a Controller, &'a Store<K>, F);
 
-impl Handler<HeadroomNode> for NodeEvents<'_> {
-    fn relisted(&self, nodes: Vec<HeadroomNode>) {
-        let entries = nodes
+impl<K, F> Handler<K> for Mirror<'_, K, F>
+where
+    K: Send + Sync,
+    F: Fn(&K) -> String + Send + Sync,
+{
+    fn relisted(&self, objects: Vec<K>) {
+        let entries = objects
             .into_iter()
-            .map(|n| (n.name().to_string(), Arc::new(n)))
+            .map(|o| ((self.2)(&o), Arc::new(o)))
             .collect();
-        self.0.nodes.replace(entries);
+        self.1.replace(entries);
         self.0.enqueue_all();
     }
-    fn applied(&self, node: HeadroomNode) {
-        self.0.nodes.apply(node.name().to_string(), Arc::new(node));
+    fn applied(&self, object: K) {
+        self.1.apply((self.2)(&object), Arc::new(object));
         self.0.enqueue_all();
     }
-    fn deleted(&self, node: HeadroomNode) {
-        self.0.nodes.delete(node.name());
+    fn deleted(&self, object: K) {
+        self.1.delete(&(self.2)(&object));
         self.0.enqueue_all();
     }
 }

@@ -3,12 +3,9 @@
 
 use serde_json::{Value, json};
 
-use super::usage::WATERMARK_LABEL;
-use super::watermark::{CpuMemoryEntry, GROUP, KIND, Placement, VERSION};
+use super::usage::{ENTRY_LABEL, WATERMARK_LABEL};
+use super::watermark::{CpuMemoryEntry, DeviceEntrySpec, GROUP, KIND, Placement, VERSION};
 
-/// Label naming the entry a placeholder belongs to (`cpu` or a device
-/// entry's name).
-pub const ENTRY_LABEL: &str = "dra-claim-controller.io/watermark-entry";
 /// The CPU/memory entry's name in labels, Deployment names and metrics.
 pub const CPU_MEMORY_ENTRY: &str = "cpu";
 
@@ -25,30 +22,37 @@ pub fn deployment_name(watermark: &str, entry: &str) -> String {
     format!("{watermark}-{entry}")
 }
 
-/// The Deployment of the CPU/memory placeholders, at `replicas`.
-pub fn cpu_memory_deployment(
-    owner: Owner<'_>,
-    placement: &Placement,
-    entry: &CpuMemoryEntry,
-    replicas: u32,
-) -> Value {
-    let labels = json!({WATERMARK_LABEL: owner.name, ENTRY_LABEL: CPU_MEMORY_ENTRY});
+/// The name of the claim entry in a device placeholder's pod, and of the
+/// request in its claim template.
+pub const DEVICES_CLAIM: &str = "devices";
+
+fn labels(owner: Owner<'_>, entry: &str) -> Value {
+    json!({WATERMARK_LABEL: owner.name, ENTRY_LABEL: entry})
+}
+
+fn metadata(owner: Owner<'_>, entry: &str) -> Value {
+    json!({
+        "name": deployment_name(owner.name, entry),
+        "namespace": owner.namespace,
+        "labels": labels(owner, entry),
+        "ownerReferences": [{
+            "apiVersion": format!("{GROUP}/{VERSION}"),
+            "kind": KIND,
+            "name": owner.name,
+            "uid": owner.uid,
+            "controller": true,
+            "blockOwnerDeletion": true,
+        }],
+    })
+}
+
+/// A Deployment of `replicas` placeholders of `entry` running `pod`.
+fn placeholder_deployment(owner: Owner<'_>, entry: &str, replicas: u32, pod: Value) -> Value {
+    let labels = labels(owner, entry);
     json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": deployment_name(owner.name, CPU_MEMORY_ENTRY),
-            "namespace": owner.namespace,
-            "labels": labels,
-            "ownerReferences": [{
-                "apiVersion": format!("{GROUP}/{VERSION}"),
-                "kind": KIND,
-                "name": owner.name,
-                "uid": owner.uid,
-                "controller": true,
-                "blockOwnerDeletion": true,
-            }],
-        },
+        "metadata": metadata(owner, entry),
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
@@ -58,19 +62,69 @@ pub fn cpu_memory_deployment(
                     // Placeholders are what an autoscaler may always evict.
                     "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"},
                 },
-                "spec": placeholder_pod_spec(placement, &entry.pause_requests),
+                "spec": pod,
             },
         },
     })
 }
 
-/// A pause container requesting `requests`, placed as the watermark says,
-/// gone the moment it is preempted.
-fn placeholder_pod_spec(
+/// The Deployment of the CPU/memory placeholders, at `replicas`.
+pub fn cpu_memory_deployment(
+    owner: Owner<'_>,
     placement: &Placement,
-    requests: &std::collections::BTreeMap<String, String>,
+    entry: &CpuMemoryEntry,
+    replicas: u32,
 ) -> Value {
+    let resources = json!({"requests": entry.pause_requests, "limits": entry.pause_requests});
+    let pod = placeholder_pod_spec(placement, resources, None);
+    placeholder_deployment(owner, CPU_MEMORY_ENTRY, replicas, pod)
+}
+
+/// The ResourceClaimTemplate of a device entry's placeholders: `count`
+/// devices of the class, with the entry's selectors. Our claim controller
+/// makes each placeholder's claim from it, like any pod's, which is what
+/// lets an autoscaler simulate the placeholders.
+pub fn device_claim_template(owner: Owner<'_>, entry: &DeviceEntrySpec) -> Value {
+    let mut exactly = json!({
+        "deviceClassName": entry.device_class_name,
+        "allocationMode": "ExactCount",
+        "count": entry.count.unwrap_or(1),
+    });
+    if !entry.selectors.is_empty() {
+        exactly["selectors"] = json!(entry.selectors);
+    }
     json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": metadata(owner, &entry.name),
+        "spec": {
+            "metadata": {"labels": labels(owner, &entry.name)},
+            "spec": {"devices": {"requests": [{"name": DEVICES_CLAIM, "exactly": exactly}]}},
+        },
+    })
+}
+
+/// The Deployment of a device entry's placeholders: each claims the
+/// entry's devices through its template and requests nothing else.
+pub fn device_deployment(
+    owner: Owner<'_>,
+    placement: &Placement,
+    entry: &DeviceEntrySpec,
+    replicas: u32,
+) -> Value {
+    let resources = json!({"claims": [{"name": DEVICES_CLAIM}]});
+    let claims = json!([{
+        "name": DEVICES_CLAIM,
+        "resourceClaimTemplateName": deployment_name(owner.name, &entry.name),
+    }]);
+    let pod = placeholder_pod_spec(placement, resources, Some(claims));
+    placeholder_deployment(owner, &entry.name, replicas, pod)
+}
+
+/// A pause container with `resources`, placed as the watermark says, gone
+/// the moment it is preempted or yields.
+fn placeholder_pod_spec(placement: &Placement, resources: Value, claims: Option<Value>) -> Value {
+    let mut pod = json!({
         "nodeSelector": placement.node_selector,
         "tolerations": placement.tolerations,
         "priorityClassName": placement.priority_class_name,
@@ -86,14 +140,18 @@ fn placeholder_pod_spec(
         "containers": [{
             "name": "pause",
             "image": placement.image,
-            "resources": {"requests": requests, "limits": requests},
+            "resources": resources,
             "securityContext": {
                 "allowPrivilegeEscalation": false,
                 "readOnlyRootFilesystem": true,
                 "capabilities": {"drop": ["ALL"]},
             },
         }],
-    })
+    });
+    if let Some(claims) = claims {
+        pod["resourceClaims"] = claims;
+    }
+    pod
 }
 
 #[cfg(test)]
@@ -144,5 +202,48 @@ mod tests {
         assert_eq!(container["image"], "registry.k8s.io/pause:3.10");
         assert_eq!(container["resources"]["requests"]["cpu"], "200m");
         assert_eq!(container["resources"]["requests"]["memory"], "200Mi");
+    }
+
+    #[test]
+    fn device_entry_objects() {
+        let spec: WatermarkSpec = serde_json::from_value(json!({
+            "watermarkPercentage": 50,
+            "nodeSelector": {"pool": "gpu"},
+            "devices": [{"name": "a100", "deviceClassName": "gpu.example.com", "count": 2,
+                "selectors": [{"cel": {"expression": "device.attributes['gpu.example.com'].model == 'a100'"}}]}],
+        }))
+        .unwrap();
+        let settled = spec.settle();
+        let owner = Owner {
+            namespace: "headroom",
+            name: "pool",
+            uid: "u1",
+        };
+        let entry = &spec.devices[0];
+        let template = device_claim_template(owner, entry);
+        assert_eq!(template["kind"], "ResourceClaimTemplate");
+        assert_eq!(template["metadata"]["name"], "pool-a100");
+        assert_eq!(template["metadata"]["ownerReferences"][0]["uid"], "u1");
+        let request = &template["spec"]["spec"]["devices"]["requests"][0];
+        assert_eq!(request["name"], DEVICES_CLAIM);
+        assert_eq!(request["exactly"]["deviceClassName"], "gpu.example.com");
+        assert_eq!(request["exactly"]["count"], 2);
+        assert_eq!(request["exactly"]["selectors"], json!(entry.selectors));
+        let d = device_deployment(owner, &settled.placement, entry, 4);
+        assert_eq!(d["metadata"]["name"], "pool-a100");
+        assert_eq!(d["spec"]["replicas"], 4);
+        let pod = &d["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["resourceClaims"][0]["resourceClaimTemplateName"],
+            "pool-a100"
+        );
+        assert_eq!(
+            pod["containers"][0]["resources"]["claims"][0]["name"],
+            DEVICES_CLAIM
+        );
+        assert_eq!(
+            d["spec"]["template"]["metadata"]["labels"][ENTRY_LABEL],
+            "a100"
+        );
     }
 }

@@ -3,16 +3,20 @@
 //! node pools, so that a cluster autoscaler adds nodes before real pods
 //! wait. The behaviour contract is `docs/headroom.md` of the project.
 //!
-//! This room holds, so far, the pure decisions the controller is built
-//! on: the spec with its defaults ([`watermark`]), what a pod weighs and
-//! which pods count as workload ([`usage`]), how many placeholders a
-//! watermark asks for ([`sizing`]) and the objects that keep them
-//! ([`desired`]), the status they give ([`status`]), and the
-//! [`controller`] that applies them (CPU/memory entries so far).
+//! Pure decisions, each table-tested: the spec with its defaults
+//! ([`watermark`]), what a pod weighs and which pods count as workload
+//! ([`usage`]), which devices an entry counts and who uses them
+//! ([`devices`]), how many placeholders that makes ([`sizing`]), the
+//! objects that keep them ([`desired`]), the status ([`status`]), and which
+//! placeholders yield their devices to a pod waiting for them
+//! ([`yield_choice`]). The [`controller`] reads the caches, applies the
+//! objects, writes the status, and performs the yields.
 
 pub mod controller;
 pub mod desired;
+pub mod devices;
 pub mod sizing;
 pub mod status;
 pub mod usage;
 pub mod watermark;
+pub mod yield_choice;

@@ -14,6 +14,9 @@ use crate::allocate::quantity::Quantity;
 
 /// The label every placeholder carries (value: its watermark's name).
 pub const WATERMARK_LABEL: &str = "dra-claim-controller.io/watermark";
+/// Label naming the entry a placeholder belongs to (`cpu` or a device
+/// entry's name).
+pub const ENTRY_LABEL: &str = "dra-claim-controller.io/watermark-entry";
 
 /// The fields of a pod that headroom reads; serde skips the rest.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -26,8 +29,8 @@ pub struct HeadroomPod {
     pub status: PodStatus,
 }
 
-/// Name, namespace, UID, resourceVersion, deletion and the watermark label:
-/// a tenant's other labels and annotations are not held.
+/// Name, namespace, UID, resourceVersion, deletion and the watermark and
+/// entry labels: a tenant's other labels and annotations are not held.
 fn pod_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
@@ -41,10 +44,11 @@ fn pod_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Err
         labels: Option<BTreeMap<String, String>>,
     }
     let m = Meta::deserialize(d)?;
-    let labels = m
-        .labels
-        .and_then(|mut l| l.remove_entry(WATERMARK_LABEL))
-        .map(|(k, v)| BTreeMap::from([(k, v)]));
+    let labels = m.labels.map(|l| {
+        l.into_iter()
+            .filter(|(k, _)| k == WATERMARK_LABEL || k == ENTRY_LABEL)
+            .collect::<BTreeMap<_, _>>()
+    });
     Ok(ObjectMeta {
         name: m.name,
         namespace: m.namespace,
@@ -66,12 +70,22 @@ view_resource!(
     "pods"
 );
 
-/// A node as headroom reads it: its name and labels (what node selectors
-/// match); the rest of a node's metadata and its status are not held.
+/// A node as headroom reads it: its name, labels (what node selectors
+/// match) and taints; the rest of a node's metadata and its status are
+/// not held.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct HeadroomNode {
     #[serde(default, deserialize_with = "node_meta")]
     pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: NodeSpec,
+}
+
+/// The node's taints (the yield checks a waiting pod tolerates them).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NodeSpec {
+    #[serde(default)]
+    pub taints: Vec<k8s_openapi::api::core::v1::Taint>,
 }
 
 fn node_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
@@ -122,6 +136,17 @@ pub struct PodSpec {
     pub init_containers: Vec<Container>,
     #[serde(default)]
     pub overhead: BTreeMap<String, String>,
+    /// Resolved from the pod's PriorityClass at admission.
+    pub priority: Option<i32>,
+    /// How many claim entries the pod has (their content is read live
+    /// when the pod waits).
+    #[serde(default, deserialize_with = "count_entries")]
+    pub resource_claims: usize,
+}
+
+fn count_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let entries: Option<Vec<serde::de::IgnoredAny>> = Option::deserialize(d)?;
+    Ok(entries.map_or(0, |e| e.len()))
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -143,6 +168,27 @@ pub struct ContainerResources {
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct PodStatus {
     pub phase: Option<String>,
+    /// `PodScheduled=False` with reason `Unschedulable`: kube-scheduler
+    /// tried and found no node.
+    #[serde(default, rename = "conditions", deserialize_with = "unschedulable")]
+    pub unschedulable: bool,
+}
+
+fn unschedulable<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    struct Condition {
+        #[serde(rename = "type", default)]
+        type_: String,
+        #[serde(default)]
+        status: String,
+        #[serde(default)]
+        reason: String,
+    }
+    let conditions: Option<Vec<Condition>> = Option::deserialize(d)?;
+    Ok(conditions
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason == "Unschedulable"))
 }
 
 fn requests_of(map: &BTreeMap<String, String>) -> Resources {
@@ -208,9 +254,31 @@ impl HeadroomPod {
             .map(String::as_str)
     }
 
+    /// The watermark entry whose placeholder this pod is, if any.
+    pub fn entry(&self) -> Option<&str> {
+        self.metadata
+            .labels
+            .as_ref()?
+            .get(ENTRY_LABEL)
+            .map(String::as_str)
+    }
+
     /// Whether the pod is a placeholder (of any watermark).
     pub fn is_placeholder(&self) -> bool {
         self.watermark().is_some()
+    }
+
+    /// Whether the pod waits for devices as the yield understands it:
+    /// unbound, found unschedulable by kube-scheduler, with claims, not a
+    /// placeholder, of a priority above `placeholder_priority`.
+    pub fn waits_for_devices(&self, placeholder_priority: i32) -> bool {
+        self.spec.node_name.is_none()
+            && self.status.unschedulable
+            && self.spec.resource_claims > 0
+            && !self.is_placeholder()
+            && !self.is_terminal()
+            && self.metadata.deletion_timestamp.is_none()
+            && self.spec.priority.unwrap_or(0) > placeholder_priority
     }
 
     /// Whether the pod ended (its requests are free again).
@@ -358,5 +426,76 @@ mod tests {
             ),
         ];
         assert_eq!(workload_requests(&pods, selected), res("3", "2Gi"));
+    }
+
+    #[test]
+    fn who_waits_for_devices() {
+        let unschedulable =
+            json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]);
+        let waiting = || {
+            json!({"metadata": {"namespace": "team", "name": "job"},
+                "spec": {"priority": 100, "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+                "status": {"phase": "Pending", "conditions": unschedulable}})
+        };
+        let rows = [
+            ("unschedulable with claims", waiting(), true),
+            (
+                "bound",
+                {
+                    let mut p = waiting();
+                    p["spec"]["nodeName"] = json!("n1");
+                    p
+                },
+                false,
+            ),
+            (
+                "not yet tried",
+                {
+                    let mut p = waiting();
+                    p["status"]["conditions"] = json!([]);
+                    p
+                },
+                false,
+            ),
+            (
+                "scheduling gated",
+                {
+                    let mut p = waiting();
+                    p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]);
+                    p
+                },
+                false,
+            ),
+            (
+                "no claims",
+                {
+                    let mut p = waiting();
+                    p["spec"]["resourceClaims"] = json!([]);
+                    p
+                },
+                false,
+            ),
+            (
+                "priority not above the placeholders'",
+                {
+                    let mut p = waiting();
+                    p["spec"]["priority"] = json!(-1);
+                    p
+                },
+                false,
+            ),
+            (
+                "a placeholder",
+                {
+                    let mut p = waiting();
+                    p["metadata"]["labels"] = json!({WATERMARK_LABEL: "w", ENTRY_LABEL: "gpu"});
+                    p
+                },
+                false,
+            ),
+        ];
+        for (name, v, want) in rows {
+            assert_eq!(pod(v).waits_for_devices(-1), want, "{name}");
+        }
     }
 }
