@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use anyhow::ensure;
+use anyhow::{Context as _, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{
@@ -143,8 +143,20 @@ async fn headroom_with_watermark(
     setup: impl AsyncFnOnce(&kube::Client),
     spec: Value,
 ) -> Option<(TestCtx, Api<DynamicObject>)> {
+    headroom_with_flags(name, &[], setup, spec).await
+}
+
+/// [`headroom_with_watermark`] with further controller flags.
+async fn headroom_with_flags(
+    name: &'static str,
+    flags: &[&str],
+    setup: impl AsyncFnOnce(&kube::Client),
+    spec: Value,
+) -> Option<(TestCtx, Api<DynamicObject>)> {
+    let mut extra_args = vec!["--controllers=resourceclaim,headroom".to_string()];
+    extra_args.extend(flags.iter().map(|f| f.to_string()));
     let opts = ControllerOpts {
-        extra_args: vec!["--controllers=resourceclaim,headroom".into()],
+        extra_args,
         ..ControllerOpts::default()
     };
     let mut t = TestCtx::isolated(name, opts, 1).await?;
@@ -437,5 +449,178 @@ async fn device_watermark_follows_the_devices_in_use() {
         Ok(())
     })
     .await;
+    t.finish();
+}
+
+/// Creates the PriorityClass `name` with `value`.
+async fn priority_class(admin: &kube::Client, name: &str, value: i32, never: bool) {
+    let api: Api<k8s_openapi::api::scheduling::v1::PriorityClass> = Api::all(admin.clone());
+    let mut class = json!({"metadata": {"name": name}, "value": value});
+    if never {
+        class["preemptionPolicy"] = json!("Never");
+    }
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(class).unwrap(),
+    )
+    .await
+    .unwrap();
+}
+
+/// The node a pod is bound to, if any.
+async fn bound_to(pods: &Api<Pod>, name: &str) -> anyhow::Result<Option<String>> {
+    Ok(pods
+        .get_opt(name)
+        .await?
+        .and_then(|p| p.spec)
+        .and_then(|s| s.node_name))
+}
+
+/// A node of 2 devices both held by placeholders, a real kube-scheduler,
+/// and a higher-priority pod asking for one device, created last; `None`
+/// (after a SKIP line) without a kube-scheduler binary. The test plays
+/// the Deployment's ReplicaSet (no kube-controller-manager runs here).
+async fn full_node_and_a_waiting_pod(
+    name: &'static str,
+    flags: &[&str],
+) -> Option<(TestCtx, Api<Pod>, crate::scheduler::Scheduler)> {
+    const DRIVER: &str = "gpu.example.com";
+    let scheduler_bin = crate::scheduler::binary_or_skip(name)?;
+    let setup = async |admin: &kube::Client| {
+        priority_class(admin, "dra-headroom", -1, true).await;
+        priority_class(admin, "high", 1000, false).await;
+        crate::nodes::create_device_class(admin, DRIVER)
+            .await
+            .unwrap();
+        node_in_pool(admin, "gpu-1", "gpu").await;
+        crate::nodes::create_devices(admin, DRIVER, "gpu-1", 2)
+            .await
+            .unwrap();
+    };
+    let spec = json!({"watermarkPercentage": 50, "nodeSelector": {"pool": "gpu"},
+             "devices": [{"name": "gpu", "deviceClassName": DRIVER, "minPlaceholders": 2}]});
+    let (mut t, watermarks) = headroom_with_flags(name, flags, setup, spec).await?;
+    let scheduler = crate::scheduler::Scheduler::start(&scheduler_bin, &t.isolated_env().cluster)
+        .await
+        .expect("start kube-scheduler");
+    let deployments: Api<Deployment> = Api::namespaced(t.client.clone(), &t.ns);
+    wait_replicas(&deployments, "pool-gpu", 2).await;
+
+    let template = deployments.get("pool-gpu").await.unwrap().spec.template;
+    let pods: Api<Pod> = Api::namespaced(t.client.clone(), &t.ns);
+    for name in ["pool-gpu-a", "pool-gpu-b"] {
+        let mut pod = json!({"metadata": template.metadata, "spec": template.spec});
+        pod["metadata"]["name"] = json!(name);
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(pod).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    for name in ["pool-gpu-a", "pool-gpu-b"] {
+        wait_for(&format!("placeholder {name} bound"), WAIT, async || {
+            ensure!(bound_to(&pods, name).await?.is_some(), "not bound");
+            Ok(())
+        })
+        .await;
+    }
+    wait_entry(
+        &watermarks,
+        "pool",
+        "gpu",
+        json!({"devicesTotal": 2, "devicesHeld": 2, "readyPlaceholders": 2}),
+    )
+    .await;
+
+    t.create_template_with(
+        "job-gpu",
+        json!({}),
+        json!({}),
+        json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}),
+    )
+    .await;
+    let job = json!({"metadata": {"name": "job"}, "spec": {
+        "priorityClassName": "high",
+        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": [{"name": "gpu"}]}}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "job-gpu"}]}});
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(job).unwrap(),
+    )
+    .await
+    .unwrap();
+    Some((t, pods, scheduler))
+}
+
+/// The yield: kube-scheduler finds the pod `Unschedulable` ("preemption is
+/// not helpful" for devices), the controller releases one placeholder, and
+/// the scheduler binds the pod; a Warning event says what yielded where.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placeholders_yield_their_devices_to_a_waiting_pod() {
+    const NAME: &str = "placeholders_yield_their_devices_to_a_waiting_pod";
+    let Some((t, pods, _scheduler)) = full_node_and_a_waiting_pod(NAME, &[]).await else {
+        return;
+    };
+    let node = wait_for("the pod to bind after a yield", WAIT, async || {
+        bound_to(&pods, "job").await?.context("not bound yet")
+    })
+    .await;
+    assert_eq!(node, "gpu-1");
+    let mut left = Vec::new();
+    for name in ["pool-gpu-a", "pool-gpu-b"] {
+        if pods.get_opt(name).await.unwrap().is_some() {
+            left.push(name);
+        }
+    }
+    assert_eq!(
+        left.len(),
+        1,
+        "exactly one placeholder yielded: left {left:?}"
+    );
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(t.client.clone(), &t.ns);
+    let yielded = wait_for("the PlaceholdersYielded event", WAIT, async || {
+        let list = events.list(&Default::default()).await?;
+        list.items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("PlaceholdersYielded")
+                    && e.involved_object.name.as_deref() == Some("job")
+            })
+            .context("no event yet")
+    })
+    .await;
+    assert!(
+        yielded.message.unwrap_or_default().contains("gpu-1"),
+        "the event names the node"
+    );
+    t.finish();
+}
+
+/// `--headroom-yield=false`: the same pod stays Pending, which is
+/// kube-scheduler's limit the yield exists for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_yield_the_waiting_pod_stays_pending() {
+    const NAME: &str = "without_the_yield_the_waiting_pod_stays_pending";
+    let Some((t, pods, _scheduler)) =
+        full_node_and_a_waiting_pod(NAME, &["--headroom-yield=false"]).await
+    else {
+        return;
+    };
+    // Long enough for the scheduler to give up on it and for a yield to
+    // have happened several times over (it takes well under a second).
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        bound_to(&pods, "job").await.unwrap(),
+        None,
+        "bound without a yield"
+    );
+    for name in ["pool-gpu-a", "pool-gpu-b"] {
+        assert!(
+            pods.get_opt(name).await.unwrap().is_some(),
+            "{name} was released"
+        );
+    }
     t.finish();
 }

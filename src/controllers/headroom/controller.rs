@@ -300,7 +300,9 @@ impl Controller {
     /// The one worker: syncs never overlap.
     pub async fn run_worker(self: Arc<Self>) {
         while let Some(key) = self.queue.get().await {
-            let span = info_span!("headroom", watermark = %key);
+            // `key`: a watermark (`namespace/name`) or a pod waiting for
+            // devices (`pod:namespace/name`).
+            let span = info_span!("headroom", key = %key);
             let result = self.sync(&key).instrument(span.clone()).await;
             let _entered = span.enter();
             match result {
@@ -526,7 +528,10 @@ impl Controller {
                     )
                     .await
                     .map_err(kube_err(format!("applying {kind} {ns}/{name}")))?;
-                info!(object = %id, replicas = %object["spec"]["replicas"], "placeholders' object applied");
+                match object["spec"]["replicas"].as_u64() {
+                    Some(replicas) => info!(object = %id, replicas, "placeholders' object applied"),
+                    None => info!(object = %id, "placeholders' object applied"),
+                }
             }
             written.objects.insert(id, object);
         }
