@@ -1944,3 +1944,35 @@ fn headroom_adds_its_flag_class_and_rights_only_when_enabled() {
     ]);
     assert!(all_of_kind(&no_class, "PriorityClass").is_empty());
 }
+
+/// With headroom.enabled the PrometheusRule also alerts on placeholders
+/// Pending for long (the autoscaler is not adding nodes); not without.
+#[test]
+fn headroom_alert_only_with_headroom() {
+    let alert_names = |docs: &[Value]| -> Vec<String> {
+        one_of_kind(docs, "PrometheusRule")["spec"]["groups"][0]["rules"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|r| str_of(&r["alert"]))
+            .collect()
+    };
+    let off = render_or_skip!(&[("prometheusRule.enabled", "true")]);
+    assert!(!alert_names(&off).contains(&"DRAHeadroomPlaceholdersPending".to_string()));
+    let on = render_or_skip!(&[
+        ("prometheusRule.enabled", "true"),
+        ("headroom.enabled", "true")
+    ]);
+    let rule = one_of_kind(&on, "PrometheusRule")["spec"]["groups"][0]["rules"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|r| r["alert"] == "DRAHeadroomPlaceholdersPending")
+        .expect("the headroom alert")
+        .clone();
+    assert_eq!(
+        str_of(&rule["expr"]),
+        r#"max by (namespace, watermark, entry) (dra_headroom_placeholders{state="pending"}) > 0"#
+    );
+    assert_eq!(rule["for"], "15m");
+}

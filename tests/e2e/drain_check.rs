@@ -465,6 +465,8 @@ async fn claim_gauge_and_alert_in_prometheus() {
             ("prometheusRule.enabled", "true"),
             ("grafanaDashboard.enabled", "true"),
             ("serviceMonitor.enabled", "true"),
+            // So that promtool and Prometheus load the headroom alert too.
+            ("headroom.enabled", "true"),
             ("prometheusRule.alerts.leakedAllocations.for", "2s"),
         ],
     ) {
