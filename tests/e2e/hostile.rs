@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
+use futures::StreamExt;
 use serde_json::json;
 
 use crate::cluster::ControllerOpts;
@@ -226,4 +227,61 @@ async fn annotation_bloat_does_not_grow_memory() {
         GROWTH_BOUND / 1048576
     );
     t.finish();
+}
+
+/// The memory the chart's request and limit are sized from: the RSS of a
+/// controller caching 10,000 claims (and 10,000 pods using them), printed.
+/// Run by hand (`cargo test --test e2e -- --ignored --nocapture
+/// rss_per_10k_claims`): creating them takes minutes on two cores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement of several minutes, run by hand"]
+async fn rss_per_10k_claims() {
+    const NAME: &str = "rss_per_10k_claims";
+    const CLAIMS: usize = 10_000;
+    // Generous: what the chart's 256 MiB limit must stay well above.
+    const BOUND: u64 = 160 * 1024 * 1024;
+    let Some(t) = TestCtx::isolated(NAME, ControllerOpts::default(), 1).await else {
+        return;
+    };
+    let pid = t.controller().proc.pid();
+    let idle = rss_bytes(pid);
+    t.create_template("tmpl").await;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(t.client.clone(), &t.ns);
+    let created = Instant::now();
+    futures::stream::iter(0..CLAIMS)
+        .for_each_concurrent(32, |i| {
+            let pods = pods.clone();
+            async move {
+                let pod: k8s_openapi::api::core::v1::Pod =
+                    serde_json::from_value(crate::k8s::pod_manifest(
+                        &format!("p-{i}"),
+                        &[("gpu", Source::Template("tmpl"))],
+                        None,
+                    ))
+                    .unwrap();
+                pods.create(&Default::default(), &pod).await.unwrap();
+            }
+        })
+        .await;
+    wait_for(
+        "every claim created and cached",
+        Duration::from_secs(900),
+        async || {
+            let text = t.controller().metrics_text().await?;
+            let cached = metric_sum(&text, "resourceclaim_controller_resource_claims");
+            ensure!(cached >= CLAIMS as f64, "{cached} claims cached");
+            Ok(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let loaded = rss_bytes(pid);
+    println!(
+        "e2e: {NAME}: RSS {:.1} MiB idle, {:.1} MiB with {CLAIMS} pods and their claims cached ({:.0} s to create)",
+        idle as f64 / 1048576.0,
+        loaded as f64 / 1048576.0,
+        created.elapsed().as_secs_f64()
+    );
+    assert!(loaded <= BOUND, "RSS {:.1} MiB", loaded as f64 / 1048576.0);
 }

@@ -19,7 +19,7 @@ use kube::api::{
 };
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde_json::Value;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::desired::{
     CPU_MEMORY_ENTRY, Owner, cpu_memory_deployment, device_claim_template, device_deployment,
@@ -236,6 +236,7 @@ impl Controller {
 
     /// Runs the watches until the process ends.
     pub async fn run_watches(self: Arc<Self>) {
+        self.check_crd().await;
         let client = self.client.clone();
         let this = &*self;
         let [watermarks, pods, nodes, slices, classes, claims] = &this.informers;
@@ -258,6 +259,21 @@ impl Controller {
             classes.run(Api::<DeviceClass>::all(client.clone()), &class_events),
             claims.run(Api::<ClaimView>::all(client.clone()), &claim_events),
         );
+    }
+
+    /// Says once, plainly, when the CRD is not installed: the watch alone
+    /// would only retry with "404 page not found".
+    async fn check_crd(&self) {
+        let api = Api::<WatermarkView>::all(self.client.clone());
+        if let Err(kube::Error::Api(status)) = api.list(&ListParams::default().limit(1)).await
+            && status.code == 404
+        {
+            error!(
+                "the NodeScalingWatermark CRD (nodescalingwatermarks.dra-claim-controller.io) is not \
+                 installed: apply charts/dra-claim-controller/crds/nodescalingwatermarks.yaml (helm \
+                 install does), or drop headroom from --controllers; waiting for it"
+            );
+        }
     }
 
     pub async fn wait_synced(&self) {
