@@ -58,19 +58,20 @@ struct Metrics {
 
 impl Metrics {
     fn register(registry: &Registry) -> anyhow::Result<Self> {
-        let placeholders = IntGaugeVec::new(
-            Opts::new(
-                "dra_headroom_placeholders",
-                "Placeholders of a NodeScalingWatermark entry: desired, ready (bound) and pending (waiting for a node).",
-            ),
-            &["namespace", "watermark", "entry", "state"],
+        // Per entry and state: the labels both gauges share.
+        let entry_gauge = |name: &str, help: &str| {
+            IntGaugeVec::new(
+                Opts::new(name, help),
+                &["namespace", "watermark", "entry", "state"],
+            )
+        };
+        let placeholders = entry_gauge(
+            "dra_headroom_placeholders",
+            "Placeholders of a NodeScalingWatermark entry: desired, ready (bound) and pending (waiting for a node).",
         )?;
-        let devices = IntGaugeVec::new(
-            Opts::new(
-                "dra_headroom_devices",
-                "Devices a NodeScalingWatermark device entry selects on its nodes: total, in_use (by workload pods) and held (by its placeholders).",
-            ),
-            &["namespace", "watermark", "entry", "state"],
+        let devices = entry_gauge(
+            "dra_headroom_devices",
+            "Devices a NodeScalingWatermark device entry selects on its nodes: total, in_use (by workload pods) and held (by its placeholders).",
         )?;
         let yields = IntCounterVec::new(
             Opts::new(
