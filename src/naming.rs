@@ -15,6 +15,15 @@ pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-na
 pub const EXTENDED_RESOURCE_CLAIM_ANNOTATION: &str =
     "resource.kubernetes.io/extended-resource-claim";
 
+/// Label every headroom placeholder pod carries; its value is the name of
+/// the NodeScalingWatermark (in the pod's namespace) that keeps it. The
+/// admin tools read it to tell placeholders from workloads.
+pub const WATERMARK_LABEL: &str = "dra-claim-controller.io/watermark";
+
+/// Label naming the watermark entry a placeholder belongs to (`cpu` or a
+/// device entry's name).
+pub const WATERMARK_ENTRY_LABEL: &str = "dra-claim-controller.io/watermark-entry";
+
 /// Field manager for the server-side apply of `pod.status.resourceClaimStatuses`;
 /// the same as kube-controller-manager's, so ownership of the field carries over.
 pub const FIELD_MANAGER: &str = "ResourceClaimController";

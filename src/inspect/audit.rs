@@ -179,6 +179,39 @@ mod tests {
         assert_eq!(json["findings"][0]["node"], "gpu-1");
     }
 
+    /// A finding about a headroom placeholder names it as one, in JSON and
+    /// in the table.
+    #[test]
+    fn placeholders_are_named() {
+        let mut s = snapshot();
+        let done: PodView = serde_json::from_value(json!({
+            "metadata": {"name": "done", "namespace": "a", "uid": "u1",
+                         "labels": {crate::naming::WATERMARK_LABEL: "pool"}},
+            "spec": {"nodeName": "gpu-1"}, "status": {"phase": "Succeeded"}}))
+        .unwrap();
+        s.add_pod(done);
+        let r = audit(&s, AuditScope::default(), Timestamp::UNIX_EPOCH);
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["findings"][0]["subject"]["placeholderOf"], "pool");
+        assert!(
+            r.table().contains("done (placeholder of pool)"),
+            "{}",
+            r.table()
+        );
+        // The workload case says nothing of placeholders.
+        let plain = serde_json::to_value(audit(
+            &snapshot(),
+            AuditScope::default(),
+            Timestamp::UNIX_EPOCH,
+        ))
+        .unwrap();
+        assert!(
+            plain["findings"][0]["subject"]
+                .get("placeholderOf")
+                .is_none()
+        );
+    }
+
     #[test]
     fn node_scope() {
         let scope = AuditScope {

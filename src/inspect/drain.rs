@@ -226,9 +226,15 @@ pub fn check(snapshot: &Snapshot, scope: DrainScope<'_>, now: Timestamp) -> Drai
             if blocks {
                 let r = claim_ref(claim);
                 blocking.insert((r.namespace.clone(), r.name.clone(), consumer.uid.clone()));
-                report
-                    .blocking
-                    .push(Finding::in_use(r, devs.clone(), &consumer));
+                if consumer.placeholder_of.is_some() {
+                    report
+                        .placeholders
+                        .push(Finding::placeholder(r, devs.clone(), &consumer));
+                } else {
+                    report
+                        .blocking
+                        .push(Finding::in_use(r, devs.clone(), &consumer));
+                }
             }
         }
         for problem in problems(&facts, &lookup, now) {
@@ -240,12 +246,7 @@ pub fn check(snapshot: &Snapshot, scope: DrainScope<'_>, now: Timestamp) -> Drai
     // From the pods' side.
     let by_name = snapshot.claims_by_key();
     for (pod, state) in node_pods(snapshot, scope, now) {
-        let pod_ref = PodRef {
-            namespace: pod.namespace().to_string(),
-            name: pod.name().to_string(),
-            uid: pod.uid().to_string(),
-            state: PodState::of(Some(pod), pod.uid()),
-        };
+        let pod_ref = PodRef::judge(pod.namespace(), pod.name(), pod.uid(), Some(pod));
         for name in pod.claim_names() {
             let claim = by_name.get(&(pod.namespace(), name)).copied();
             let key = (
@@ -261,6 +262,15 @@ pub fn check(snapshot: &Snapshot, scope: DrainScope<'_>, now: Timestamp) -> Drai
                 name: name.to_string(),
             };
             match (&state, claim) {
+                (_, claim) if pod_ref.placeholder_of.is_some() => {
+                    let devs = claim.map(|c| devices(c, scope.driver)).unwrap_or_default();
+                    if !devs.is_empty() {
+                        blocking.insert(key);
+                        report
+                            .placeholders
+                            .push(Finding::placeholder(r, devs, &pod_ref));
+                    }
+                }
                 (NodePod::Running, Some(claim)) => {
                     let devs = devices(claim, scope.driver);
                     if !devs.is_empty() {
@@ -479,6 +489,63 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![("ns".to_string(), "late".to_string())]
         );
+    }
+
+    /// A headroom placeholder (the watermark label) holding a device on the
+    /// node is listed as such and never blocks; a workload pod beside it
+    /// still does. Named as a placeholder whether found through the claim's
+    /// reservation or from the pod's side only.
+    #[test]
+    fn placeholders_are_named_and_never_block() {
+        let mut placeholder = node_pod("pool-gpu-x", "Running", &["held"], None);
+        placeholder.metadata.labels = Some(
+            [(
+                crate::naming::WATERMARK_LABEL.to_string(),
+                "pool".to_string(),
+            )]
+            .into(),
+        );
+        let reserved = claim(
+            "held",
+            "gpu-1",
+            &[("pool-gpu-x", "pool-gpu-x-uid")],
+            Some(NODE),
+        );
+        let s = snapshot(vec![reserved.clone()], vec![placeholder.clone()]);
+        let r = check(&s, DrainScope::new(NODE, None), NOW.parse().unwrap());
+        assert_eq!(r.verdict, Verdict::Clean);
+        assert_eq!(kinds(&r), (vec![], vec![]));
+        assert_eq!(r.placeholders.len(), 1, "{r:?}");
+        let subject = r.placeholders[0].subject.as_ref().unwrap();
+        assert_eq!(subject.placeholder_of.as_deref(), Some("pool"));
+        assert!(r.placeholders[0].action.contains("safe to evict"));
+        assert!(
+            r.table().contains("pool-gpu-x (placeholder of pool)"),
+            "{}",
+            r.table()
+        );
+
+        // Only the pod's side: the claim is not reserved for it (yet; the
+        // allocated, unreserved claim is a warning of its own).
+        let unreserved = claim("held", "gpu-1", &[], Some(NODE));
+        let s = snapshot(vec![unreserved], vec![placeholder.clone()]);
+        let r = check(&s, DrainScope::new(NODE, None), NOW.parse().unwrap());
+        assert_eq!(kinds(&r), (vec![], vec!["LeakedAllocation".to_string()]));
+        assert_eq!(r.placeholders.len(), 1);
+
+        // A workload beside it blocks as before.
+        let s = snapshot(
+            vec![
+                reserved,
+                claim("work", "gpu-1", &[("job", "job-uid")], Some(NODE)),
+            ],
+            vec![placeholder, node_pod("job", "Running", &["work"], None)],
+        );
+        let r = check(&s, DrainScope::new(NODE, None), NOW.parse().unwrap());
+        assert_eq!(r.verdict, Verdict::Blocked);
+        assert_eq!(kinds(&r).0, vec!["InUse".to_string()]);
+        assert_eq!(r.blocking[0].claim.name, "work");
+        assert_eq!(r.placeholders.len(), 1);
     }
 
     #[test]

@@ -54,6 +54,9 @@ pub struct Subject {
     pub state: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The NodeScalingWatermark whose headroom placeholder the pod is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placeholder_of: Option<String>,
 }
 
 impl Subject {
@@ -69,6 +72,7 @@ impl Subject {
                 PodState::Active { node, .. } => node.clone(),
                 _ => None,
             },
+            placeholder_of: pod.placeholder_of.clone(),
         }
     }
 }
@@ -98,6 +102,8 @@ pub const IN_USE: &str = "InUse";
 /// The `type` of blocking entries: a pod that finished moments ago, whose
 /// devices the kubelet may not have unprepared yet.
 pub const FINISHING: &str = "Finishing";
+/// The `type` of placeholder entries: a headroom placeholder, safe to evict.
+pub const PLACEHOLDER: &str = "Placeholder";
 
 fn problem_type(kind: ProblemKind) -> &'static str {
     match kind {
@@ -162,6 +168,25 @@ impl Finding {
         }
     }
 
+    /// A headroom placeholder holding devices on the node: it never holds
+    /// a drain (its Deployment recreates it elsewhere, and it is marked
+    /// safe to evict), but the driver must outlive it like any pod's use.
+    pub fn placeholder(claim: ClaimRef, devices: Vec<DeviceRef>, pod: &PodRef) -> Self {
+        let watermark = pod.placeholder_of.as_deref().unwrap_or_default();
+        Finding {
+            kind: PLACEHOLDER.into(),
+            claim,
+            devices,
+            subject: Some(Subject::pod(pod, "consumer")),
+            deleting_for_seconds: None,
+            action: format!(
+                "headroom placeholder of NodeScalingWatermark {}/{watermark}: safe to evict, never blocks a drain \
+                 (kubectl drain evicts it; kubectl delete pod -n {} {} does too); remove the driver once it is gone",
+                pod.namespace, pod.namespace, pod.name
+            ),
+        }
+    }
+
     /// A problem the classifier found.
     pub fn problem(claim: ClaimRef, devices: Vec<DeviceRef>, problem: &Problem) -> Self {
         let (ns, name) = (claim.namespace.clone(), claim.name.clone());
@@ -217,6 +242,7 @@ impl Finding {
                     role: "consumer",
                     state: "Unknown".into(),
                     node: None,
+                    placeholder_of: None,
                 }),
                 format!(
                     "reserved for {resource}.{api_group} {consumer}, which this tool cannot check: \
@@ -288,6 +314,9 @@ pub struct DrainCheckReport {
     pub checked_at: String,
     pub blocking: Vec<Finding>,
     pub warnings: Vec<Finding>,
+    /// Headroom placeholders holding devices on the node: listed, never
+    /// blocking (see [`Finding::placeholder`]).
+    pub placeholders: Vec<Finding>,
     /// Why the check could not be completed (verdict `Incomplete`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -305,6 +334,7 @@ impl DrainCheckReport {
             checked_at,
             blocking: Vec::new(),
             warnings: Vec::new(),
+            placeholders: Vec::new(),
             error: None,
             notes: vec![FORCE_DELETE_CAVEAT.to_string()],
         }
@@ -344,8 +374,19 @@ impl DrainCheckReport {
             out.push_str(&findings_table(&self.warnings, true));
             out.push('\n');
         }
+        if !self.placeholders.is_empty() {
+            let _ = writeln!(out, "HEADROOM PLACEHOLDERS: safe to evict, never blocking");
+            out.push_str(&findings_table(&self.placeholders, false));
+            out.push('\n');
+        }
         let _ = match self.verdict {
             Verdict::Incomplete => Ok(()),
+            Verdict::Clean if !self.placeholders.is_empty() => writeln!(
+                out,
+                "Clean: only {} headroom placeholder claim(s) hold devices on {scope}; evict them \
+                 (kubectl drain does), then the driver can be removed.",
+                self.placeholders.len()
+            ),
             Verdict::Clean => writeln!(
                 out,
                 "Clean: no ResourceClaim holds devices on {scope}; the driver can be removed."
@@ -490,7 +531,10 @@ fn finding_row(f: &Finding, with_type: bool, node: Option<&str>) -> Vec<String> 
     });
     match &f.subject {
         Some(s) if s.kind == "Pod" => {
-            cells.push(s.name.clone());
+            cells.push(match &s.placeholder_of {
+                Some(w) => format!("{} (placeholder of {w})", s.name),
+                None => s.name.clone(),
+            });
             cells.push(s.state.clone());
         }
         Some(s) => {

@@ -154,6 +154,39 @@ pub struct PodRef {
     pub name: String,
     pub uid: String,
     pub state: PodState,
+    /// The NodeScalingWatermark whose headroom placeholder this pod is: safe
+    /// to evict, never a reason to hold a drain.
+    pub placeholder_of: Option<String>,
+}
+
+impl PodRef {
+    /// The pod `name` with `uid` in `namespace`, judged from what a lookup
+    /// of that name found.
+    pub fn judge(namespace: &str, name: &str, uid: &str, found: Option<&PodView>) -> Self {
+        let state = PodState::of(found, uid);
+        let placeholder_of = found
+            .filter(|_| !matches!(state, PodState::Gone | PodState::Replaced))
+            .and_then(PodView::placeholder_of)
+            .map(str::to_string);
+        PodRef {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid: uid.to_string(),
+            state,
+            placeholder_of,
+        }
+    }
+
+    /// "ns/name", with "(placeholder of watermark w)" when it is one.
+    pub fn describe(&self) -> String {
+        match &self.placeholder_of {
+            Some(w) => format!(
+                "{}/{} (headroom placeholder of NodeScalingWatermark {w})",
+                self.namespace, self.name
+            ),
+            None => format!("{}/{}", self.namespace, self.name),
+        }
+    }
 }
 
 /// A problem with one claim. A claim may have several.
@@ -232,12 +265,7 @@ pub fn pod_consumers(
         .reserved_for
         .iter()
         .filter(|r| is_pod_consumer(r))
-        .map(|r| PodRef {
-            namespace: claim.namespace.to_string(),
-            name: r.name.clone(),
-            uid: r.uid.clone(),
-            state: PodState::of(pods(&r.name).as_deref(), &r.uid),
-        })
+        .map(|r| PodRef::judge(claim.namespace, &r.name, &r.uid, pods(&r.name).as_deref()))
         .collect()
 }
 
@@ -247,12 +275,12 @@ pub fn owner_pod(
     pods: &dyn Fn(&str) -> Option<Arc<PodView>>,
 ) -> Option<PodRef> {
     let (name, uid) = crate::naming::controlling_pod(claim.owners)?;
-    Some(PodRef {
-        namespace: claim.namespace.to_string(),
-        name: name.to_string(),
-        uid: uid.to_string(),
-        state: PodState::of(pods(name).as_deref(), uid),
-    })
+    Some(PodRef::judge(
+        claim.namespace,
+        name,
+        uid,
+        pods(name).as_deref(),
+    ))
 }
 
 /// The claim's problems. `pods` finds a pod by name in the claim's

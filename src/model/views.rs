@@ -26,6 +26,10 @@ struct SlimMeta {
     uid: Option<String>,
     resource_version: Option<String>,
     deletion_timestamp: Option<Time>,
+    /// Only the labels in [`POD_LABELS_READ`] (pods are the only objects
+    /// that carry them).
+    #[serde(default, deserialize_with = "labels_read")]
+    labels: Option<BTreeMap<String, String>>,
 }
 
 /// Metadata of claims: also what ownership, adoption, finalizers and metrics read.
@@ -61,43 +65,56 @@ const ANNOTATION_VALUE_MAX: usize = 253;
 fn annotations_read<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<BTreeMap<String, String>>, D::Error> {
-    struct Read;
-    impl<'de> serde::de::Visitor<'de> for Read {
-        type Value = Option<BTreeMap<String, String>>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a map of annotations")
-        }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_none<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
-            d.deserialize_map(Read)
-        }
-        fn visit_map<A: serde::de::MapAccess<'de>>(
-            self,
-            mut map: A,
-        ) -> Result<Self::Value, A::Error> {
-            let mut kept = BTreeMap::new();
-            while let Some(key) = map.next_key::<String>()? {
-                match CLAIM_ANNOTATIONS_READ.iter().find(|k| **k == key) {
-                    Some(read) => {
-                        let value: String = map.next_value()?;
-                        if value.len() <= ANNOTATION_VALUE_MAX {
-                            kept.insert((*read).to_owned(), value);
-                        }
-                    }
-                    None => {
-                        map.next_value::<serde::de::IgnoredAny>()?;
+    d.deserialize_option(KeepOnly(&CLAIM_ANNOTATIONS_READ))
+}
+
+/// The labels read from pods: only the headroom placeholder label, which
+/// the admin tools use to name placeholders as such.
+const POD_LABELS_READ: [&str; 1] = [crate::naming::WATERMARK_LABEL];
+
+/// `metadata.labels` of pods, keeping only [`POD_LABELS_READ`].
+fn labels_read<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    d.deserialize_option(KeepOnly(&POD_LABELS_READ))
+}
+
+/// A string map (labels, annotations) of which only these keys are kept,
+/// with values no longer than [`ANNOTATION_VALUE_MAX`]; the rest is parsed
+/// past without allocating, so a tenant's maps cost no memory.
+struct KeepOnly(&'static [&'static str]);
+
+impl<'de> serde::de::Visitor<'de> for KeepOnly {
+    type Value = Option<BTreeMap<String, String>>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a map of strings")
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
+        d.deserialize_map(self)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut kept = BTreeMap::new();
+        while let Some(key) = map.next_key::<String>()? {
+            match self.0.iter().find(|k| **k == key) {
+                Some(read) => {
+                    let value: String = map.next_value()?;
+                    if value.len() <= ANNOTATION_VALUE_MAX {
+                        kept.insert((*read).to_owned(), value);
                     }
                 }
+                None => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
             }
-            Ok((!kept.is_empty()).then_some(kept))
         }
+        Ok((!kept.is_empty()).then_some(kept))
     }
-    d.deserialize_option(Read)
 }
 
 /// `metadata.ownerReferences`, keeping only the controller reference (the
@@ -120,6 +137,7 @@ fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
         uid: m.uid,
         resource_version: m.resource_version,
         deletion_timestamp: m.deletion_timestamp,
+        labels: m.labels,
         ..Default::default()
     })
 }
@@ -311,6 +329,16 @@ impl PodView {
 
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
+    }
+    /// The NodeScalingWatermark (same namespace) whose headroom placeholder
+    /// this pod is, if it is one.
+    pub fn placeholder_of(&self) -> Option<&str> {
+        self.metadata
+            .labels
+            .as_ref()?
+            .get(crate::naming::WATERMARK_LABEL)
+            .map(String::as_str)
+            .filter(|w| !w.is_empty())
     }
     pub fn node_name(&self) -> Option<&str> {
         self.spec.node_name.as_deref().filter(|n| !n.is_empty())
@@ -745,7 +773,7 @@ impl crate::runtime::store::HasUid for PodGroupView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     #[test]
     fn pod_view_keeps_only_what_is_read() {
@@ -774,6 +802,28 @@ mod tests {
         assert!(pod.is_relevant() && !pod.is_done());
         assert_eq!(pod.claim_names(), vec!["p-ext", "p-gpu-x"]);
         assert!(pod.status.containers_finished_at.is_none());
+    }
+
+    /// Of a pod's labels only the placeholder label is kept; a tenant's
+    /// others (and null) leave nothing behind.
+    #[test]
+    fn pod_view_keeps_only_the_placeholder_label() {
+        let labelled = |labels: Value| -> PodView {
+            serde_json::from_value(json!({"metadata": {"name": "p", "labels": labels}})).unwrap()
+        };
+        let placeholder = labelled(json!({
+            crate::naming::WATERMARK_LABEL: "pool", "app": "x", "big": "y".repeat(63)}));
+        assert_eq!(placeholder.placeholder_of(), Some("pool"));
+        assert_eq!(placeholder.metadata.labels.as_ref().unwrap().len(), 1);
+        for none in [
+            json!({"app": "x"}),
+            json!(null),
+            json!({crate::naming::WATERMARK_LABEL: ""}),
+        ] {
+            let pod = labelled(none.clone());
+            assert_eq!(pod.placeholder_of(), None, "{none}");
+        }
+        assert!(labelled(json!({"app": "x"})).metadata.labels.is_none());
     }
 
     #[test]

@@ -12,11 +12,7 @@ use crate::runtime::resource::{view_accessors, view_resource};
 use super::sizing::Resources;
 use crate::allocate::quantity::Quantity;
 
-/// The label every placeholder carries (value: its watermark's name).
-pub const WATERMARK_LABEL: &str = "dra-claim-controller.io/watermark";
-/// Label naming the entry a placeholder belongs to (`cpu` or a device
-/// entry's name).
-pub const ENTRY_LABEL: &str = "dra-claim-controller.io/watermark-entry";
+pub use crate::naming::{WATERMARK_ENTRY_LABEL as ENTRY_LABEL, WATERMARK_LABEL};
 
 /// The fields of a pod that headroom reads; serde skips the rest.
 #[derive(Debug, Clone, Default, Deserialize)]
