@@ -1935,7 +1935,7 @@ fn headroom_adds_its_flag_class_and_rights_only_when_enabled() {
     want.insert(("".into(), "nodes".into()), set(&["list", "watch"]));
     want.insert(
         ("".into(), "pods".into()),
-        set(&["get", "list", "watch", "delete"]),
+        set(&["get", "list", "watch", "delete", "patch"]),
     );
     assert_eq!(bound_cluster_rules(&on), want);
     let no_class = render_or_skip!(&[

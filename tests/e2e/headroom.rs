@@ -79,6 +79,27 @@ async fn node_in_pool(admin: &kube::Client, name: &str, pool: &str) {
         .unwrap();
 }
 
+/// The device class `driver` and nodes of pool `gpu` with that many of
+/// its devices each (a node-local slice per node).
+async fn gpu_pool(admin: &kube::Client, driver: &str, nodes: &[(&str, usize)]) {
+    crate::nodes::create_device_class(admin, driver)
+        .await
+        .unwrap();
+    for (node, devices) in nodes {
+        node_in_pool(admin, node, "gpu").await;
+        crate::nodes::create_devices(admin, driver, node, *devices)
+            .await
+            .unwrap();
+    }
+}
+
+/// A watermark spec of 50 % on pool `gpu` with one device entry `gpu`
+/// (one device of class `driver` per placeholder, at least `min`).
+fn device_watermark(driver: &str, min: u32) -> Value {
+    json!({"watermarkPercentage": 50, "nodeSelector": {"pool": "gpu"},
+           "devices": [{"name": "gpu", "deviceClassName": driver, "minPlaceholders": min}]})
+}
+
 /// A running pod bound to `node` requesting `cpu`, labelled as a
 /// placeholder of `watermark` when given.
 async fn bound_pod(
@@ -323,18 +344,9 @@ async fn device_watermark_follows_the_devices_in_use() {
     const NAME: &str = "device_watermark_follows_the_devices_in_use";
     const DRIVER: &str = "gpu.example.com";
     let setup = async |admin: &kube::Client| {
-        crate::nodes::create_device_class(admin, DRIVER)
-            .await
-            .unwrap();
-        for node in ["gpu-1", "gpu-2"] {
-            node_in_pool(admin, node, "gpu").await;
-            crate::nodes::create_devices(admin, DRIVER, node, 3)
-                .await
-                .unwrap();
-        }
+        gpu_pool(admin, DRIVER, &[("gpu-1", 3), ("gpu-2", 3)]).await;
     };
-    let spec = json!({"watermarkPercentage": 50, "nodeSelector": {"pool": "gpu"},
-             "devices": [{"name": "gpu", "deviceClassName": DRIVER, "minPlaceholders": 1}]});
+    let spec = device_watermark(DRIVER, 1);
     let Some((t, watermarks)) = headroom_with_watermark(NAME, setup, spec).await else {
         return;
     };
@@ -467,6 +479,13 @@ async fn priority_class(admin: &kube::Client, name: &str, value: i32, never: boo
     .unwrap();
 }
 
+/// The chart's placeholder class `dra-headroom` (-1, never preempting)
+/// and `high` (1000) for workloads.
+async fn priority_classes(admin: &kube::Client) {
+    priority_class(admin, "dra-headroom", -1, true).await;
+    priority_class(admin, "high", 1000, false).await;
+}
+
 /// The node a pod is bound to, if any.
 async fn bound_to(pods: &Api<Pod>, name: &str) -> anyhow::Result<Option<String>> {
     Ok(pods
@@ -487,18 +506,10 @@ async fn full_node_and_a_waiting_pod(
     const DRIVER: &str = "gpu.example.com";
     let scheduler_bin = crate::scheduler::binary_or_skip(name)?;
     let setup = async |admin: &kube::Client| {
-        priority_class(admin, "dra-headroom", -1, true).await;
-        priority_class(admin, "high", 1000, false).await;
-        crate::nodes::create_device_class(admin, DRIVER)
-            .await
-            .unwrap();
-        node_in_pool(admin, "gpu-1", "gpu").await;
-        crate::nodes::create_devices(admin, DRIVER, "gpu-1", 2)
-            .await
-            .unwrap();
+        priority_classes(admin).await;
+        gpu_pool(admin, DRIVER, &[("gpu-1", 2)]).await;
     };
-    let spec = json!({"watermarkPercentage": 50, "nodeSelector": {"pool": "gpu"},
-             "devices": [{"name": "gpu", "deviceClassName": DRIVER, "minPlaceholders": 2}]});
+    let spec = device_watermark(DRIVER, 2);
     let (mut t, watermarks) = headroom_with_flags(name, flags, setup, spec).await?;
     let scheduler = crate::scheduler::Scheduler::start(&scheduler_bin, &t.isolated_env().cluster)
         .await
@@ -533,14 +544,25 @@ async fn full_node_and_a_waiting_pod(
     )
     .await;
 
+    gpu_job_template(&t, DRIVER).await;
+    gpu_job(&pods, "job").await;
+    Some((t, pods, scheduler))
+}
+
+/// The claim template `job-gpu`: one device of the class `driver`.
+async fn gpu_job_template(t: &TestCtx, driver: &str) {
     t.create_template_with(
         "job-gpu",
         json!({}),
         json!({}),
-        json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}),
+        json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": driver}}]}}),
     )
     .await;
-    let job = json!({"metadata": {"name": "job"}, "spec": {
+}
+
+/// A priority-1000 pod `name` claiming one device through `job-gpu`.
+async fn gpu_job(pods: &Api<Pod>, name: &str) {
+    let job = json!({"metadata": {"name": name}, "spec": {
         "priorityClassName": "high",
         "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
                         "resources": {"claims": [{"name": "gpu"}]}}],
@@ -551,7 +573,6 @@ async fn full_node_and_a_waiting_pod(
     )
     .await
     .unwrap();
-    Some((t, pods, scheduler))
 }
 
 /// The yield: kube-scheduler finds the pod `Unschedulable` ("preemption is
@@ -622,5 +643,268 @@ async fn without_the_yield_the_waiting_pod_stays_pending() {
             "{name} was released"
         );
     }
+    t.finish();
+}
+
+/// The control plane a placeholder's life needs besides this controller:
+/// kube-scheduler, and kube-controller-manager running the Deployment,
+/// ReplicaSet and garbage-collector controllers (started after the CRD, so
+/// the garbage collector knows watermarks as owners). `None` after one
+/// SKIP line when a binary is missing.
+async fn with_control_plane(
+    name: &'static str,
+    flags: &[&str],
+    setup: impl AsyncFnOnce(&kube::Client),
+    spec: Value,
+) -> Option<(
+    TestCtx,
+    Api<DynamicObject>,
+    crate::scheduler::Scheduler,
+    crate::reference::Reference,
+)> {
+    let scheduler_bin = crate::scheduler::binary_or_skip(name)?;
+    let kcm_bin = crate::reference::binary_or_skip(name)?;
+    let (mut t, watermarks) = headroom_with_flags(name, flags, setup, spec).await?;
+    let cluster = &t.isolated_env().cluster;
+    let scheduler = crate::scheduler::Scheduler::start(&scheduler_bin, cluster)
+        .await
+        .expect("start kube-scheduler");
+    let kcm = crate::reference::Reference::start_controllers(
+        &kcm_bin,
+        cluster,
+        &[
+            "deployment-controller",
+            "replicaset-controller",
+            "garbage-collector-controller",
+        ],
+    )
+    .await
+    .expect("start kube-controller-manager");
+    Some((t, watermarks, scheduler, kcm))
+}
+
+/// Every device allocated in the namespace, with the claims holding it:
+/// none may be in two.
+async fn devices_in_two_claims(t: &TestCtx) -> Vec<String> {
+    let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+        Api::namespaced(t.client.clone(), &t.ns);
+    let mut holders: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for claim in claims.list(&Default::default()).await.unwrap() {
+        let results = claim
+            .status
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
+            .unwrap_or_default();
+        for r in results {
+            holders
+                .entry(format!("{}/{}/{}", r.driver, r.pool, r.device))
+                .or_default()
+                .push(claim.metadata.name.clone().unwrap_or_default());
+        }
+    }
+    holders
+        .into_iter()
+        .filter(|(_, claims)| claims.len() > 1)
+        .map(|(device, claims)| format!("{device}: {claims:?}"))
+        .collect()
+}
+
+/// The pods of the namespace that are placeholders (by their label).
+async fn placeholder_pods(pods: &Api<Pod>) -> Vec<Pod> {
+    pods.list(
+        &kube::api::ListParams::default().labels(dra_claim_controller::naming::WATERMARK_LABEL),
+    )
+    .await
+    .unwrap()
+    .items
+}
+
+/// The whole loop with real Deployments: 4 devices, 2 held by placeholders;
+/// four priority-1000 pods asking one device each all bind (two through a
+/// yield), the recreated placeholders are Pending and the watermark says
+/// `ScaleUpPending`; no device is ever in two claims. Deleting the
+/// watermark then takes its Deployments, templates, placeholders and their
+/// claims, and leaves the workload alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn surplus_placeholders_wait_for_a_node_and_go_with_their_watermark() {
+    const NAME: &str = "surplus_placeholders_wait_for_a_node_and_go_with_their_watermark";
+    const DRIVER: &str = "gpu.example.com";
+    let setup = async |admin: &kube::Client| {
+        priority_classes(admin).await;
+        gpu_pool(admin, DRIVER, &[("gpu-1", 4)]).await;
+    };
+    let spec = device_watermark(DRIVER, 2);
+    let Some((t, watermarks, _scheduler, _kcm)) = with_control_plane(NAME, &[], setup, spec).await
+    else {
+        return;
+    };
+    wait_entry(
+        &watermarks,
+        "pool",
+        "gpu",
+        json!({"devicesTotal": 4, "devicesHeld": 2, "readyPlaceholders": 2}),
+    )
+    .await;
+
+    gpu_job_template(&t, DRIVER).await;
+    let pods: Api<Pod> = Api::namespaced(t.client.clone(), &t.ns);
+    let jobs: Vec<String> = (0..4).map(|i| format!("job-{i}")).collect();
+    for job in &jobs {
+        gpu_job(&pods, job).await;
+    }
+    let started = std::time::Instant::now();
+    wait_for(
+        "every workload pod to bind",
+        Duration::from_secs(30),
+        async || {
+            for job in &jobs {
+                ensure!(bound_to(&pods, job).await?.is_some(), "{job} not bound");
+            }
+            Ok(())
+        },
+    )
+    .await;
+    println!(
+        "{NAME}: 4 workload pods bound {} ms after the first was created (2 through a yield)",
+        started.elapsed().as_millis()
+    );
+    let status = wait_entry(
+        &watermarks,
+        "pool",
+        "gpu",
+        json!({"devicesInUse": 4, "desiredPlaceholders": 2, "pendingPlaceholders": 2,
+               "readyPlaceholders": 0}),
+    )
+    .await;
+    assert_eq!(
+        condition(&status, "ScaleUpPending")["status"],
+        "True",
+        "{status}"
+    );
+    assert!(status["yields"].as_i64().unwrap_or(0) >= 1, "{status}");
+    let twice = devices_in_two_claims(&t).await;
+    assert!(twice.is_empty(), "devices in two claims: {twice:?}");
+    let waiting = placeholder_pods(&pods).await;
+    assert_eq!(waiting.len(), 2, "the Deployment keeps its 2 replicas");
+    assert!(
+        waiting
+            .iter()
+            .all(|p| p.spec.as_ref().unwrap().node_name.is_none()),
+        "the recreated placeholders wait for a node"
+    );
+
+    // The watermark goes: everything it made goes with it.
+    watermarks
+        .delete("pool", &Default::default())
+        .await
+        .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(t.client.clone(), &t.ns);
+    let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+        Api::namespaced(t.client.clone(), &t.ns);
+    let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+        Api::namespaced(t.client.clone(), &t.ns);
+    wait_for("the watermark's objects to go", WAIT, async || {
+        ensure!(
+            deployments.get_opt("pool-gpu").await?.is_none(),
+            "Deployment still there"
+        );
+        ensure!(
+            templates.get_opt("pool-gpu").await?.is_none(),
+            "template still there"
+        );
+        let left = placeholder_pods(&pods).await.len();
+        ensure!(left == 0, "{left} placeholder pods left");
+        let claims = claims.list(&Default::default()).await?;
+        let names: Vec<String> = claims
+            .iter()
+            .filter_map(|c| c.metadata.name.clone())
+            .collect();
+        ensure!(
+            names.len() == 4 && names.iter().all(|n| n.starts_with("job-")),
+            "claims left: {names:?}"
+        );
+        Ok(())
+    })
+    .await;
+    for job in &jobs {
+        assert!(
+            bound_to(&pods, job).await.unwrap().is_some(),
+            "{job} untouched"
+        );
+    }
+    t.finish();
+}
+
+/// A CPU/memory-only watermark: kube-scheduler's own preemption makes room.
+/// A node of 4 CPUs, 2 placeholders of 1 CPU; a priority-1000 pod asking 3
+/// CPUs preempts one, binds, and the replacement waits for a node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_memory_placeholders_are_preempted_by_the_scheduler() {
+    const NAME: &str = "cpu_memory_placeholders_are_preempted_by_the_scheduler";
+    let setup = async |admin: &kube::Client| {
+        priority_classes(admin).await;
+        node_in_pool(admin, "small-1", "gpu").await;
+        let capacity = json!({"cpu": "4", "memory": "16Gi", "pods": "110"});
+        Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone())
+            .patch_status(
+                "small-1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"capacity": capacity, "allocatable": capacity}})),
+            )
+            .await
+            .unwrap();
+    };
+    let spec = json!({"watermarkPercentage": 50, "nodeSelector": {"pool": "gpu"},
+                      "pausePodSize": {"cpu": "1", "memory": "64Mi"}, "minPlaceholders": 2});
+    let Some((t, watermarks, _scheduler, _kcm)) = with_control_plane(NAME, &[], setup, spec).await
+    else {
+        return;
+    };
+    wait_status(&watermarks, "pool", json!({"readyPlaceholders": 2})).await;
+    let pods: Api<Pod> = Api::namespaced(t.client.clone(), &t.ns);
+    let before: Vec<String> = placeholder_pods(&pods)
+        .await
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    let job = json!({"metadata": {"name": "job"}, "spec": {
+        "priorityClassName": "high",
+        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"requests": {"cpu": "3", "memory": "64Mi"}}}]}});
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(job).unwrap(),
+    )
+    .await
+    .unwrap();
+    let node = wait_for("the pod to bind after a preemption", WAIT, async || {
+        bound_to(&pods, "job").await?.context("not bound yet")
+    })
+    .await;
+    assert_eq!(node, "small-1");
+    // 3 CPUs x 50 % / 1 CPU = 2 (rounded up): one placeholder keeps its
+    // place, the preempted one's replacement waits for a node.
+    let status = wait_status(
+        &watermarks,
+        "pool",
+        json!({"desiredPlaceholders": 2, "readyPlaceholders": 1, "pendingPlaceholders": 1}),
+    )
+    .await;
+    assert_eq!(
+        condition(&status, "ScaleUpPending")["status"],
+        "True",
+        "{status}"
+    );
+    let after: Vec<String> = placeholder_pods(&pods)
+        .await
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    let kept = after.iter().filter(|n| before.contains(n)).count();
+    assert_eq!(
+        kept, 1,
+        "one placeholder preempted: before {before:?}, after {after:?}"
+    );
     t.finish();
 }

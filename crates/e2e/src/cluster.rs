@@ -60,6 +60,20 @@ pub fn beside_apiserver(bins: &Binaries, name: &str) -> Option<PathBuf> {
     is_executable(&path).then_some(path)
 }
 
+/// The binary `binary` beside `kube-apiserver` for the test `name`, or one
+/// `SKIP:` line (no API server, or `skip_reason` for that binary).
+pub fn beside_apiserver_or_skip(name: &str, binary: &str, skip_reason: &str) -> Option<PathBuf> {
+    let Some(bins) = binaries() else {
+        println!("SKIP: {name}: {SKIP_REASON}");
+        return None;
+    };
+    let found = beside_apiserver(&bins, binary);
+    if found.is_none() {
+        println!("SKIP: {name}: {skip_reason}");
+    }
+    found
+}
+
 fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     path.metadata()

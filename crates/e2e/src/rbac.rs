@@ -146,7 +146,7 @@ fn builtin() -> Rbac {
             &["get", "list", "watch"],
         ),
         rule("", &["nodes"], &["list", "watch"]),
-        rule("", &["pods"], &["delete"]),
+        rule("", &["pods"], &["delete", "patch"]),
     ];
     let subject = json!([{"kind": "ServiceAccount", "name": sa, "namespace": SYSTEM_NAMESPACE}]);
     let docs = vec![

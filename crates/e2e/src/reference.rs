@@ -22,6 +22,12 @@ pub fn binary(bins: &Binaries) -> Option<PathBuf> {
     crate::cluster::beside_apiserver(bins, "kube-controller-manager")
 }
 
+/// The kube-controller-manager binary for the test `name`, or one `SKIP:`
+/// line saying which binary is missing.
+pub fn binary_or_skip(name: &str) -> Option<PathBuf> {
+    crate::cluster::beside_apiserver_or_skip(name, "kube-controller-manager", SKIP_REASON)
+}
+
 /// A running kube-controller-manager.
 #[derive(Debug)]
 pub struct Reference {
@@ -41,6 +47,39 @@ impl Reference {
         cluster: &Cluster,
         gates: &str,
     ) -> anyhow::Result<Self> {
+        Self::start_with_flags(binary, cluster, |port| flags(cluster, port, gates)).await
+    }
+
+    /// kube-controller-manager running only `controllers` (its own names,
+    /// e.g. `deployment-controller`, `garbage-collector-controller`): the
+    /// parts of a real control plane a test needs besides the reference.
+    pub async fn start_controllers(
+        binary: &Path,
+        cluster: &Cluster,
+        controllers: &[&str],
+    ) -> anyhow::Result<Self> {
+        Self::start_with_flags(binary, cluster, |port| {
+            let mut flags = base_flags(cluster, port);
+            for flag in &mut flags {
+                if flag.starts_with("--controllers=") {
+                    *flag = format!("--controllers={}", controllers.join(","));
+                }
+            }
+            flags.extend([
+                "--kube-api-qps=500".into(),
+                "--kube-api-burst=1000".into(),
+                "--v=2".into(),
+            ]);
+            flags
+        })
+        .await
+    }
+
+    async fn start_with_flags(
+        binary: &Path,
+        cluster: &Cluster,
+        flags: impl Fn(u16) -> Vec<String>,
+    ) -> anyhow::Result<Self> {
         let mut last_err = anyhow::anyhow!("kube-controller-manager never started");
         // The port is picked before the process binds it: retry if another
         // process took it meanwhile.
@@ -49,12 +88,7 @@ impl Reference {
             let log = cluster
                 .dir
                 .join(format!("kube-controller-manager-{attempt}.log"));
-            let proc = Proc::spawn(
-                "kube-controller-manager",
-                binary,
-                &flags(cluster, port, gates),
-                &log,
-            )?;
+            let proc = Proc::spawn("kube-controller-manager", binary, &flags(port), &log)?;
             match wait_healthy(&proc, port).await {
                 Ok(()) => return Ok(Self { proc, port }),
                 Err(e) if proc.exited().is_some() => last_err = e,

@@ -19,15 +19,7 @@ pub fn binary(bins: &Binaries) -> Option<PathBuf> {
 /// The kube-scheduler binary for the test `name`, or one `SKIP:` line
 /// saying which binary is missing.
 pub fn binary_or_skip(name: &str) -> Option<PathBuf> {
-    let Some(bins) = crate::cluster::binaries() else {
-        println!("SKIP: {name}: {}", crate::cluster::SKIP_REASON);
-        return None;
-    };
-    let found = binary(&bins);
-    if found.is_none() {
-        println!("SKIP: {name}: {SKIP_REASON}");
-    }
-    found
+    crate::cluster::beside_apiserver_or_skip(name, "kube-scheduler", SKIP_REASON)
 }
 
 /// A running kube-scheduler (admin credentials, no leader election).

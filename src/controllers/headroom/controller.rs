@@ -18,18 +18,21 @@ use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
 };
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::desired::{
-    CPU_MEMORY_ENTRY, Owner, cpu_memory_deployment, device_claim_template, device_deployment,
+    CPU_MEMORY_ENTRY, Owner, PLACEHOLDER_GATE, cpu_memory_deployment, device_claim_template,
+    device_deployment,
 };
 use super::devices::{Consumer, DeviceCount, count_devices, device_consumers, entry_devices};
 use super::sizing::{Bounds, cpu_memory_placeholders, placeholders};
 use super::status::{EntryObserved, Observed, conditions, status_patch};
 use super::usage::{HeadroomNode, HeadroomPod, WATERMARK_LABEL, workload_requests};
 use super::watermark::{WatermarkView, carry_transitions, selects};
-use super::yield_choice::{CandidateNode, Gates, Placeholder, WaitingPod, choose_yield};
+use super::yield_choice::{
+    CandidateNode, Gates, Placeholder, WaitingPod, choose_yield, gate_hold, yield_spent_elsewhere,
+};
 use crate::allocate::inventory::node_inventory;
 use crate::allocate::quantity::Quantity;
 use crate::allocate::{Inventory, on_solver_stack};
@@ -162,14 +165,40 @@ pub struct Controller {
     metrics: Metrics,
     /// `--headroom-yield`.
     yield_enabled: bool,
-    /// When each pod (by UID) last made placeholders yield.
-    yielded_at: Mutex<HashMap<String, Instant>>,
+    /// Pods placeholders yielded to (by key) in the last [`YIELD_EVERY`]:
+    /// at most one yield per pod in that time, and new placeholders stay
+    /// gated while such a pod still waits.
+    promised: Mutex<HashMap<String, Promise>>,
+    /// Placeholders deleted by a yield in the last [`YIELD_EVERY`] (by key):
+    /// never chosen twice while the pod cache catches up.
+    released: Mutex<HashMap<String, Instant>>,
+    /// Placeholders each watermark (by key) released since its status last
+    /// said so.
+    yields_unwritten: Mutex<HashMap<String, u64>>,
     gates: Gates,
     events: EventRecorder,
 }
 
-/// A pod makes placeholders yield at most once per this.
+/// A pod makes placeholders yield at most once per this, and new
+/// placeholders stay gated at most this long for a pod yielded to.
 const YIELD_EVERY: Duration = Duration::from_secs(30);
+/// How soon a pod that waits for devices is looked at again when no yield
+/// was made for it (it seemed to fit, or nothing fits yet): the caches may
+/// lag behind the scheduler, and kube-scheduler does not rewrite an
+/// unchanged Unschedulable condition, so no event would come.
+const RECHECK_WAITING: Duration = Duration::from_secs(5);
+
+/// A yield made for a pod.
+#[derive(Debug)]
+struct Promise {
+    uid: String,
+    at: Instant,
+    /// The devices the released placeholders held.
+    freed: HashSet<DeviceId>,
+    /// The released placeholders' UIDs: their claims may still show the
+    /// devices until the claim controller releases them.
+    placeholders: HashSet<String>,
+}
 /// Priority below which a pod never makes placeholders yield (the
 /// chart's placeholder class is -1; a pod at or below it would not be
 /// scheduled ahead of them anyway).
@@ -207,7 +236,9 @@ impl Controller {
         Ok(Arc::new(Controller {
             events: EventRecorder::new(client.clone(), EVENT_COMPONENT, identity.to_string()),
             yield_enabled,
-            yielded_at: Mutex::default(),
+            promised: Mutex::default(),
+            released: Mutex::default(),
+            yields_unwritten: Mutex::default(),
             gates,
             client,
             queue: WorkQueue::new(QUEUE_NAME, Some(registry)),
@@ -341,9 +372,19 @@ impl Controller {
             debug!("watermark is gone; its objects go with it (owner references)");
             return Ok(());
         };
-        let (observed, objects) = self.decide(key, &wm)?;
-        self.metrics.set(&wm, &observed);
+        let (mut observed, objects) = self.decide(key, &wm)?;
         let before = self.written.lock().unwrap().remove(key).unwrap_or_default();
+        // The count only grows: the cache may not show our last write yet.
+        let unwritten = self
+            .yields_unwritten
+            .lock()
+            .unwrap()
+            .get(key)
+            .copied()
+            .unwrap_or(0);
+        let last = before.observed.as_ref().map_or(0, |o| o.yields);
+        observed.yields = wm.status.yields.max(last) + unwritten;
+        self.metrics.set(&wm, &observed);
         let mut written = Written {
             objects: BTreeMap::new(),
             observed: before.observed.clone(),
@@ -355,7 +396,86 @@ impl Controller {
             .lock()
             .unwrap()
             .insert(key.to_string(), written);
-        result
+        result?;
+        self.yields_unwritten.lock().unwrap().remove(key);
+        self.lift_gates(key, &wm).await
+    }
+
+    /// How much longer new placeholders stay gated (see [`gate_hold`]).
+    fn yield_hold(&self) -> Option<Duration> {
+        let mut promised = self.promised.lock().unwrap();
+        promised.retain(|_, p| p.at.elapsed() < YIELD_EVERY);
+        let promises = promised.iter().map(|(key, p)| {
+            let waits = self.pods.get(key).is_some_and(|pod| {
+                pod.uid() == p.uid
+                    && pod.spec.node_name.is_none()
+                    && pod.metadata.deletion_timestamp.is_none()
+                    && !pod.is_terminal()
+            });
+            (p.at.elapsed(), waits)
+        });
+        gate_hold(promises, YIELD_EVERY)
+    }
+
+    /// Lifts the placeholder gate of this watermark's unbound placeholders,
+    /// unless a yield is in flight (then looks again when it can end).
+    async fn lift_gates(&self, key: &str, wm: &WatermarkView) -> Result<(), SyncError> {
+        let gated: Vec<(String, usize)> = self
+            .pods
+            .list()
+            .iter()
+            .filter(|p| {
+                p.namespace() == wm.namespace()
+                    && p.watermark() == Some(wm.name())
+                    && p.spec.node_name.is_none()
+                    && p.metadata.deletion_timestamp.is_none()
+            })
+            .filter_map(|p| Some((p.name().to_string(), p.spec.placeholder_gate?)))
+            .collect();
+        if gated.is_empty() {
+            return Ok(());
+        }
+        if let Some(hold) = self.yield_hold() {
+            debug!(
+                gated = gated.len(),
+                hold_ms = hold.as_millis() as u64,
+                "a yield is in flight: new placeholders stay gated"
+            );
+            self.queue
+                .add_after(key.to_string(), hold + Duration::from_millis(100));
+            return Ok(());
+        }
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), wm.namespace());
+        for (name, index) in &gated {
+            // Guarded by the gate's name at that index: a pod whose gates
+            // changed meanwhile fails the test and is looked at again.
+            let patch: json_patch::Patch = serde_json::from_value(json!([
+                {"op": "test", "path": format!("/spec/schedulingGates/{index}/name"), "value": PLACEHOLDER_GATE},
+                {"op": "remove", "path": format!("/spec/schedulingGates/{index}")},
+            ]))
+            .expect("well-formed patch");
+            match api
+                .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(err) => {
+                    return Err(SyncError::kube(
+                        format!(
+                            "lifting scheduling gate {PLACEHOLDER_GATE} of placeholder pod {}/{name}",
+                            wm.namespace()
+                        ),
+                        err,
+                    ));
+                }
+            }
+        }
+        info!(
+            placeholders = gated.len(),
+            "placeholders' scheduling gates lifted"
+        );
+        Ok(())
     }
 
     /// What the watermark wants now, from the caches: the status and the
@@ -392,6 +512,8 @@ impl Controller {
         let mut observed = Observed {
             generation: wm.metadata.generation,
             entries: Vec::new(),
+            // Counted by `sync`, from the status and the yields since.
+            yields: 0,
         };
         let mut objects = Vec::new();
 
@@ -641,14 +763,9 @@ impl Controller {
             return Ok(());
         }
         let uid = cached.uid().to_string();
-        if self
-            .yielded_at
-            .lock()
-            .unwrap()
-            .get(&uid)
-            .is_some_and(|at| at.elapsed() < YIELD_EVERY)
-        {
-            debug!(pod = %key, "placeholders yielded for this pod less than 30 s ago");
+        if let Some(since) = self.live_promise(key, &uid) {
+            debug!(pod = %key, since_ms = since.as_millis() as u64, "placeholders yielded for this pod less than 30 s ago; the devices they freed are not all taken");
+            self.recheck(key, RECHECK_WAITING);
             return Ok(());
         }
         // The pod's constraints and claims, fresh: the cache keeps neither.
@@ -699,19 +816,53 @@ impl Controller {
             })
             .collect();
         let Some(chosen) = choose_yield(&waiting, &candidates, &classes, self.gates) else {
-            debug!(pod = %key, "no single node would fit the pod after a yield; nothing released");
+            debug!(pod = %key, "the pod fits without a yield, or no single node would fit it after one; nothing released");
+            self.recheck(key, RECHECK_WAITING);
             return Ok(());
         };
-        self.yielded_at.lock().unwrap().insert(uid, Instant::now());
+        let freed: HashSet<DeviceId> = nodes
+            .iter()
+            .filter(|n| n.name == chosen.node)
+            .flat_map(|n| &n.placeholders)
+            .filter(|p| chosen.placeholders.contains(&p.pod))
+            .flat_map(|p| p.devices.iter().cloned())
+            .collect();
+        let placeholders: HashSet<String> = chosen
+            .placeholders
+            .iter()
+            .filter_map(|p| self.pods.get(p).map(|pod| pod.uid().to_string()))
+            .collect();
+        self.promised.lock().unwrap().insert(
+            key.to_string(),
+            Promise {
+                uid,
+                at: Instant::now(),
+                freed,
+                placeholders,
+            },
+        );
+        self.recheck(key, RECHECK_WAITING);
+        {
+            let mut released = self.released.lock().unwrap();
+            released.retain(|_, at| at.elapsed() < YIELD_EVERY);
+            for placeholder in &chosen.placeholders {
+                released.insert(placeholder.clone(), Instant::now());
+            }
+        }
         for placeholder in &chosen.placeholders {
             let (p_ns, p_name) = placeholder.split_once('/').unwrap_or(("", placeholder));
+            // Read before the deletion: its watch event empties the cache.
+            let watermark = self
+                .pods
+                .get(placeholder)
+                .and_then(|p| p.watermark().map(str::to_string));
             let api: Api<Pod> = Api::namespaced(self.client.clone(), p_ns);
             match api
                 .delete(p_name, &DeleteParams::default().grace_period(0))
                 .await
             {
                 Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => continue,
                 Err(err) => {
                     return Err(SyncError::kube(
                         format!("deleting placeholder pod {placeholder}"),
@@ -719,10 +870,16 @@ impl Controller {
                     ));
                 }
             }
-            if let Some(p) = self.pods.get(placeholder)
-                && let Some(wm) = p.watermark()
-            {
-                self.metrics.yields.with_label_values(&[p_ns, wm]).inc();
+            if let Some(wm) = watermark {
+                self.metrics.yields.with_label_values(&[p_ns, &wm]).inc();
+                let wm_key = object_key(p_ns, &wm);
+                *self
+                    .yields_unwritten
+                    .lock()
+                    .unwrap()
+                    .entry(wm_key.clone())
+                    .or_default() += 1;
+                self.enqueue(wm_key);
             }
         }
         info!(
@@ -753,6 +910,33 @@ impl Controller {
             )
             .await;
         Ok(())
+    }
+
+    /// How long ago the pod (this UID) was last yielded to, if that yield
+    /// still stands: less than [`YIELD_EVERY`] ago, and the devices it freed
+    /// not all taken by someone else (another waiting pod may win them: the
+    /// scheduler takes whichever pod comes first; then this pod may have a
+    /// yield of its own at once).
+    fn live_promise(&self, key: &str, uid: &str) -> Option<Duration> {
+        let promised = self.promised.lock().unwrap();
+        let promise = promised
+            .get(key)
+            .filter(|p| p.uid == uid && p.at.elapsed() < YIELD_EVERY)?;
+        let held_by_others: HashSet<DeviceId> = self
+            .claims
+            .list()
+            .iter()
+            .filter(|c| !promise.placeholders.iter().any(|u| c.is_reserved_for(u)))
+            .flat_map(|c| c.held_devices())
+            .collect();
+        (!yield_spent_elsewhere(&promise.freed, &held_by_others)).then(|| promise.at.elapsed())
+    }
+
+    /// Looks at a waiting pod again after `after` (a pod that no longer
+    /// waits by then is dropped at once).
+    fn recheck(&self, pod_key: &str, after: Duration) {
+        self.queue
+            .add_after(format!("{POD_KEY_PREFIX}{pod_key}"), after);
     }
 
     /// The pod's claims that are not allocated yet, read live; a claim not
@@ -823,6 +1007,7 @@ impl Controller {
         let claims = self.claims.list();
         let in_use: HashSet<DeviceId> = claims.iter().flat_map(|c| c.held_devices()).collect();
         let pods = self.pods.list();
+        let released = self.released.lock().unwrap().clone();
         selected
             .into_iter()
             .map(|(name, node)| {
@@ -835,6 +1020,9 @@ impl Controller {
                             && p.spec.priority.unwrap_or(0) < priority
                             && !p.is_terminal()
                             && p.metadata.deletion_timestamp.is_none()
+                            && released
+                                .get(&object_key(p.namespace(), p.name()))
+                                .is_none_or(|at| at.elapsed() >= YIELD_EVERY)
                     })
                     .map(|p| Placeholder {
                         pod: object_key(p.namespace(), p.name()),

@@ -3,8 +3,8 @@
 
 use serde_json::{Value, json};
 
-use super::usage::{ENTRY_LABEL, WATERMARK_LABEL};
 use super::watermark::{CpuMemoryEntry, DeviceEntrySpec, GROUP, KIND, Placement, VERSION};
+use crate::naming::{WATERMARK_ENTRY_LABEL as ENTRY_LABEL, WATERMARK_LABEL};
 
 /// The CPU/memory entry's name in labels, Deployment names and metrics.
 pub const CPU_MEMORY_ENTRY: &str = "cpu";
@@ -25,6 +25,12 @@ pub fn deployment_name(watermark: &str, entry: &str) -> String {
 /// The name of the claim entry in a device placeholder's pod, and of the
 /// request in its claim template.
 pub const DEVICES_CLAIM: &str = "devices";
+
+/// Scheduling gate every device placeholder is created with. A placeholder
+/// recreated after a yield would otherwise race the pod it yielded to for
+/// the devices just freed (the scheduler takes whichever pod comes first);
+/// the controller lifts the gate once no yield is in flight.
+pub const PLACEHOLDER_GATE: &str = "dra-claim-controller.io/headroom-yield";
 
 fn labels(owner: Owner<'_>, entry: &str) -> Value {
     json!({WATERMARK_LABEL: owner.name, ENTRY_LABEL: entry})
@@ -117,7 +123,8 @@ pub fn device_deployment(
         "name": DEVICES_CLAIM,
         "resourceClaimTemplateName": deployment_name(owner.name, &entry.name),
     }]);
-    let pod = placeholder_pod_spec(placement, resources, Some(claims));
+    let mut pod = placeholder_pod_spec(placement, resources, Some(claims));
+    pod["schedulingGates"] = json!([{"name": PLACEHOLDER_GATE}]);
     placeholder_deployment(owner, &entry.name, replicas, pod)
 }
 
@@ -198,6 +205,8 @@ mod tests {
         assert_eq!(pod["tolerations"][0]["key"], "gpu");
         assert_eq!(pod["priorityClassName"], "dra-headroom");
         assert_eq!(pod["terminationGracePeriodSeconds"], 0);
+        // The scheduler preempts CPU/memory placeholders itself: no gate.
+        assert!(pod.get("schedulingGates").is_none());
         let container = &pod["containers"][0];
         assert_eq!(container["image"], "registry.k8s.io/pause:3.10");
         assert_eq!(container["resources"]["requests"]["cpu"], "200m");
@@ -241,6 +250,7 @@ mod tests {
             pod["containers"][0]["resources"]["claims"][0]["name"],
             DEVICES_CLAIM
         );
+        assert_eq!(pod["schedulingGates"], json!([{"name": PLACEHOLDER_GATE}]));
         assert_eq!(
             d["spec"]["template"]["metadata"]["labels"][ENTRY_LABEL],
             "a100"

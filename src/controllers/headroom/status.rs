@@ -26,6 +26,8 @@ pub struct EntryObserved {
 pub struct Observed {
     pub generation: Option<i64>,
     pub entries: Vec<EntryObserved>,
+    /// Placeholders released by yields, ever (kept in the status).
+    pub yields: u64,
 }
 
 impl Observed {
@@ -143,6 +145,7 @@ pub fn status_patch(o: &Observed, conditions: &[Condition]) -> Value {
         "readyPlaceholders": o.ready(),
         "pendingPlaceholders": o.pending(),
         "entries": entries,
+        "yields": o.yields,
         "conditions": conditions,
     }})
 }
@@ -185,6 +188,7 @@ mod tests {
         Observed {
             generation: Some(1),
             entries,
+            yields: 0,
         }
     }
 
@@ -241,12 +245,14 @@ mod tests {
             in_use: 3,
             held: 1,
         });
-        let o = observed(vec![
+        let mut o = observed(vec![
             entry("cpu", 2, 2, 0, None),
             gpu,
             entry("bad", 0, 0, 0, Some("spec.devices[1] (bad): no")),
         ]);
+        o.yields = 7;
         let patch = status_patch(&o, &conditions(&o));
+        assert_eq!(patch["status"]["yields"], 7);
         let s = &patch["status"];
         assert_eq!(
             (

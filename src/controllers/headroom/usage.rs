@@ -138,6 +138,29 @@ pub struct PodSpec {
     /// when the pod waits).
     #[serde(default, deserialize_with = "count_entries")]
     pub resource_claims: usize,
+    /// Where the placeholder gate is in `spec.schedulingGates`, if there
+    /// (the index a guarded JSON patch removes); other gates are not kept.
+    #[serde(
+        default,
+        rename = "schedulingGates",
+        deserialize_with = "placeholder_gate_index"
+    )]
+    pub placeholder_gate: Option<usize>,
+}
+
+fn placeholder_gate_index<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<usize>, D::Error> {
+    #[derive(Deserialize)]
+    struct Gate {
+        #[serde(default)]
+        name: String,
+    }
+    let gates: Option<Vec<Gate>> = Option::deserialize(d)?;
+    Ok(gates.and_then(|g| {
+        g.iter()
+            .position(|g| g.name == super::desired::PLACEHOLDER_GATE)
+    }))
 }
 
 fn count_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
@@ -422,6 +445,20 @@ mod tests {
             ),
         ];
         assert_eq!(workload_requests(&pods, selected), res("3", "2Gi"));
+    }
+
+    #[test]
+    fn the_placeholder_gate_is_found_by_index() {
+        let gated = |gates: Value| -> Option<usize> {
+            let pod: HeadroomPod =
+                serde_json::from_value(json!({"spec": {"schedulingGates": gates}})).unwrap();
+            pod.spec.placeholder_gate
+        };
+        let ours = super::super::desired::PLACEHOLDER_GATE;
+        assert_eq!(gated(json!([{"name": ours}])), Some(0));
+        assert_eq!(gated(json!([{"name": "other"}, {"name": ours}])), Some(1));
+        assert_eq!(gated(json!([{"name": "other"}])), None);
+        assert_eq!(gated(json!(null)), None);
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct WatermarkView {
 pub struct WatermarkStatusView {
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// Placeholders released by yields so far.
+    #[serde(default)]
+    pub yields: u64,
 }
 
 /// A status condition, as `metav1.Condition` spells it.

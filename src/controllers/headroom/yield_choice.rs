@@ -262,6 +262,33 @@ fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
     }
 }
 
+/// Whether the devices a yield `freed` all went to someone else: each is
+/// held again by a claim other than the released placeholders' own. Then
+/// the pod it was made for needs another (the scheduler gave them to
+/// whichever waiting pod came first).
+pub fn yield_spent_elsewhere(
+    freed: &HashSet<DeviceId>,
+    held_by_others: &HashSet<DeviceId>,
+) -> bool {
+    !freed.is_empty() && freed.is_subset(held_by_others)
+}
+
+/// How much longer new placeholders stay gated: while a pod that
+/// placeholders yielded to within `hold` still waits, its freed devices
+/// are its own, so no placeholder may compete for them. `promises`: per
+/// yield, the time since it and whether its pod still waits (exists with
+/// the same UID, unbound, not deleting). `None`: lift the gates now.
+pub fn gate_hold(
+    promises: impl IntoIterator<Item = (std::time::Duration, bool)>,
+    hold: std::time::Duration,
+) -> Option<std::time::Duration> {
+    promises
+        .into_iter()
+        .filter(|(since, waits)| *waits && *since < hold)
+        .map(|(since, _)| hold - since)
+        .max()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -517,5 +544,44 @@ mod tests {
             seen,
             [[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]].map(|a| a.to_vec())
         );
+    }
+
+    #[test]
+    fn gates_stay_while_a_yield_is_in_flight() {
+        use std::time::Duration;
+        let hold = Duration::from_secs(30);
+        let s = Duration::from_secs;
+        // (case, per yield: time since it and whether its pod waits, hold)
+        type Row = (&'static str, Vec<(Duration, bool)>, Option<Duration>);
+        let rows: [Row; 5] = [
+            ("no yield", vec![], None),
+            ("the pod still waits", vec![(s(10), true)], Some(s(20))),
+            ("the pod bound (or went)", vec![(s(1), false)], None),
+            ("the hold ran out", vec![(s(30), true)], None),
+            (
+                "the longest wait counts",
+                vec![(s(25), true), (s(5), true), (s(1), false)],
+                Some(s(25)),
+            ),
+        ];
+        for (case, promises, want) in rows {
+            assert_eq!(gate_hold(promises, hold), want, "{case}");
+        }
+    }
+
+    #[test]
+    fn a_yield_is_spent_when_others_hold_all_it_freed() {
+        let d = |n: &str| DeviceId::taken_by("gpu.example.com", "gpu-1", n, None, None).unwrap();
+        let set = |names: &[&str]| names.iter().map(|n| d(n)).collect::<HashSet<_>>();
+        let rows = [
+            ("still free", set(&["a"]), set(&["b"]), false),
+            ("taken by another pod", set(&["a"]), set(&["a", "b"]), true),
+            ("one of two taken", set(&["a", "b"]), set(&["a"]), false),
+            ("both taken", set(&["a", "b"]), set(&["a", "b", "c"]), true),
+            ("nothing freed", set(&[]), set(&["a"]), false),
+        ];
+        for (case, freed, held, want) in rows {
+            assert_eq!(yield_spent_elsewhere(&freed, &held), want, "{case}");
+        }
     }
 }
