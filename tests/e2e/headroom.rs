@@ -386,37 +386,61 @@ async fn device_watermark_follows_the_devices_in_use() {
         Some("pool-gpu")
     );
 
-    // A workload pod on gpu-1 holding three devices: 3 x 50 % = 2.
-    bound_pod(&t, "job", Some("gpu-1"), "1", None).await;
-    let job: Pod = Api::namespaced(t.client.clone(), &t.ns)
-        .get("job")
-        .await
-        .unwrap();
-    t.create_claim(json!({"name": "job-devices"})).await;
-    let results: Vec<Value> = (0..3)
-        .map(|i| json!({"request": "req-0", "driver": DRIVER, "pool": "gpu-1", "device": format!("dev-{i}")}))
-        .collect();
-    t.allocate_devices(
-        "job-devices",
-        json!({"devices": {"results": results}}),
-        json!([crate::k8s::pod_ref(&job)]),
-    )
-    .await;
+    // A workload pod on each node holding its three devices: 50 % of the
+    // 6 devices in use = 3 placeholders; with one pod, 3 x 50 % = 1.5 -> 2.
+    for node in ["gpu-1", "gpu-2"] {
+        let name = format!("job-{node}");
+        bound_pod(&t, &name, Some(node), "1", None).await;
+        let job: Pod = Api::namespaced(t.client.clone(), &t.ns)
+            .get(&name)
+            .await
+            .unwrap();
+        let claim = format!("{name}-devices");
+        t.create_claim(json!({"name": claim})).await;
+        let results: Vec<Value> = (0..3)
+            .map(|i| json!({"request": "req-0", "driver": DRIVER, "pool": node, "device": format!("dev-{i}")}))
+            .collect();
+        t.allocate_devices(
+            &claim,
+            json!({"devices": {"results": results}}),
+            json!([crate::k8s::pod_ref(&job)]),
+        )
+        .await;
+    }
     wait_entry(
         &watermarks,
         "pool",
         "gpu",
-        json!({"devicesTotal": 6, "devicesInUse": 3, "desiredPlaceholders": 2}),
+        json!({"devicesTotal": 6, "devicesInUse": 6, "desiredPlaceholders": 3}),
+    )
+    .await;
+    wait_replicas(&deployments, "pool-gpu", 3).await;
+    Api::<Pod>::namespaced(t.client.clone(), &t.ns)
+        .patch_status(
+            "job-gpu-2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+        )
+        .await
+        .unwrap();
+    wait_entry(
+        &watermarks,
+        "pool",
+        "gpu",
+        json!({"devicesInUse": 3, "desiredPlaceholders": 2}),
     )
     .await;
     wait_replicas(&deployments, "pool-gpu", 2).await;
 
-    // An unknown class: that entry is Invalid, the other one goes on.
+    // An unknown class, a selector that does not compile: those entries
+    // are Invalid, the other one goes on.
     patch_watermark(
         &watermarks,
         json!({"spec": {"devices": [
                 {"name": "gpu", "deviceClassName": DRIVER, "minPlaceholders": 1},
-                {"name": "bad", "deviceClassName": "missing.example.com"}]}}),
+                {"name": "bad", "deviceClassName": "missing.example.com"},
+                {"name": "badcel", "deviceClassName": DRIVER, "minPlaceholders": 1,
+                 "selectors": [{"cel": {"expression": "device.driver == "}}]}]}}),
     )
     .await;
     let status = wait_entry(
@@ -440,7 +464,25 @@ async fn device_watermark_follows_the_devices_in_use() {
         2,
         "{status}"
     );
-    assert!(deployments.get_opt("pool-bad").await.unwrap().is_none());
+    assert!(
+        invalid["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("spec.devices[2] (badcel)"),
+        "{invalid}"
+    );
+    assert_eq!(
+        entry_status(&status, "badcel")["desiredPlaceholders"],
+        0,
+        "{status}"
+    );
+    for entry in ["pool-bad", "pool-badcel"] {
+        assert!(
+            deployments.get_opt(entry).await.unwrap().is_none(),
+            "{entry}"
+        );
+        assert!(templates.get_opt(entry).await.unwrap().is_none(), "{entry}");
+    }
 
     // The gpu entry removed: its Deployment and template go.
     patch_watermark(
