@@ -18,12 +18,14 @@
 #![allow(unreachable_pub)]
 
 use dra_e2e::{
-    admission, cluster, ctx, fault_proxy, faults, helm, invariants, k8s, nodes, procs, prometheus,
-    rawhttp, rbac, reference, replica, scheduler,
+    admission, autoscaler, cluster, ctx, fault_proxy, faults, helm, invariants, k8s, nodes, procs,
+    prometheus, rawhttp, rbac, reference, replica, scheduler,
 };
 
 #[path = "e2e/allocator.rs"]
 mod allocator;
+#[path = "e2e/cleanup.rs"]
+mod cleanup;
 #[path = "e2e/drain_check.rs"]
 mod drain_check;
 #[path = "e2e/faults_api.rs"]
@@ -58,5 +60,7 @@ mod differential;
 mod handover;
 #[path = "e2e/headroom.rs"]
 mod headroom;
+#[path = "e2e/headroom_autoscaler.rs"]
+mod headroom_autoscaler;
 #[path = "e2e/hostile.rs"]
 mod hostile;

@@ -12,6 +12,10 @@ pub const PODS_BY_CLAIM: &str = "pods-by-claim";
 pub const PODS_BY_TEMPLATE: &str = "pods-by-template";
 pub const CLAIMS_BY_OWNER_UID: &str = "claims-by-owner-uid";
 pub const PODS_BY_GROUP: &str = "pods-by-group";
+/// Pods waiting to be scheduled (not done, not being deleted, on no node),
+/// all under the one value [`WAITING`].
+pub const PODS_WAITING: &str = "pods-waiting";
+pub const WAITING: &str = "waiting";
 pub const GROUPS_BY_TEMPLATE: &str = "groups-by-template";
 pub const GROUPS_BY_CLAIM: &str = "groups-by-claim";
 
@@ -63,6 +67,15 @@ pub fn claim_owner_index(claim: &ClaimView) -> Vec<String> {
 
 pub fn group_owner_key(uid: &str) -> String {
     format!("podgroup:{uid}")
+}
+
+/// Files a pod that waits to be scheduled under [`WAITING`].
+pub fn pod_waiting_index(pod: &PodView) -> Vec<String> {
+    if pod.node_name().is_none() && !pod.is_done() && !pod.is_deleting() {
+        vec![WAITING.to_string()]
+    } else {
+        Vec::new()
+    }
 }
 
 /// `namespace/group` of the PodGroup a pod belongs to.

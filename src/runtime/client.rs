@@ -25,6 +25,8 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 use tower::buffer::BufferLayer;
 use tower::{Layer, Service, ServiceExt};
 
+use super::priority::{self, Priority, Turns};
+
 /// kube-controller-manager's `--kube-api-qps` default.
 pub const DEFAULT_QPS: f32 = 20.0;
 /// kube-controller-manager's `--kube-api-burst` default.
@@ -250,6 +252,8 @@ pub struct ClientMetrics {
     requests: IntCounterVec,
     request_duration: HistogramVec,
     rate_limiter_duration: HistogramVec,
+    /// Our own: the same wait by request class (start-up or cleanup).
+    priority_wait: HistogramVec,
 }
 
 impl Default for ClientMetrics {
@@ -295,18 +299,29 @@ impl ClientMetrics {
             &["verb", "host"],
         )
         .expect("valid rest_client_rate_limiter_duration_seconds definition");
+        let priority_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "dra_rate_limiter_wait_seconds",
+                "Wait for a token of the client's QPS budget, by request class: startup (a pod's path to start) or cleanup (releasing claims of finished pods).",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["priority"],
+        )
+        .expect("valid dra_rate_limiter_wait_seconds definition");
         Self {
             requests,
             request_duration,
             rate_limiter_duration,
+            priority_wait,
         }
     }
 
-    /// Registers all three collectors.
+    /// Registers all collectors.
     pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
         registry.register(Box::new(self.requests.clone()))?;
         registry.register(Box::new(self.request_duration.clone()))?;
         registry.register(Box::new(self.rate_limiter_duration.clone()))?;
+        registry.register(Box::new(self.priority_wait.clone()))?;
         Ok(())
     }
 
@@ -328,6 +343,13 @@ impl ClientMetrics {
         let h = self.rate_limiter_duration.with_label_values(&[verb, host]);
         (h.get_sample_count(), h.get_sample_sum())
     }
+
+    /// Sample count and total seconds of
+    /// `dra_rate_limiter_wait_seconds{priority}`.
+    pub fn priority_wait(&self, priority: Priority) -> (u64, f64) {
+        let h = self.priority_wait.with_label_values(&[priority.label()]);
+        (h.get_sample_count(), h.get_sample_sum())
+    }
 }
 
 /// Tower layer: waits for a token from the shared bucket, then sends the
@@ -335,11 +357,12 @@ impl ClientMetrics {
 #[derive(Clone)]
 pub struct ClientLayer {
     limiter: Option<Arc<DefaultDirectRateLimiter>>,
-    /// One waiter at a time at the bucket, the others queued in arrival
-    /// order (tokio's mutex is fair). governor's own wait is not fair: under
-    /// a full bucket, every waiter polls and the unlucky ones wait far longer
-    /// than the queue is deep. client-go's limiter hands out tokens in order.
-    turn: Arc<tokio::sync::Mutex<()>>,
+    /// One waiter at a time at the bucket, the others queued by class
+    /// (start-up before cleanup), each class in arrival order. governor's
+    /// own wait is not fair: under a full bucket, every waiter polls and the
+    /// unlucky ones wait far longer than the queue is deep. client-go's
+    /// limiter hands out tokens in order.
+    turns: Turns,
     metrics: ClientMetrics,
     host: Arc<str>,
     drain: Drain,
@@ -366,7 +389,7 @@ impl ClientLayer {
         let limiter = quota(qps, burst)?.map(|q| Arc::new(RateLimiter::direct(q)));
         Ok(Self {
             limiter,
-            turn: Arc::new(tokio::sync::Mutex::new(())),
+            turns: Turns::default(),
             metrics,
             host: host.into().into(),
             drain: Drain::default(),
@@ -384,9 +407,9 @@ impl ClientLayer {
         self.limiter.is_some()
     }
 
-    /// Waits for a token in arrival order.
-    async fn next_token(&self, limiter: &DefaultDirectRateLimiter) {
-        let _turn = self.turn.lock().await;
+    /// Waits for a token: start-up work first, each class in arrival order.
+    async fn next_token(&self, limiter: &DefaultDirectRateLimiter, priority: Priority) {
+        let _turn = self.turns.take(priority).await;
         limiter.until_ready().await;
     }
 }
@@ -445,6 +468,8 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
         let layer = self.layer.clone();
+        // Read here, in the caller's task, where its class is set.
+        let priority = priority::current();
         Box::pin(async move {
             let method = req.method().as_str().to_owned();
             let host = req
@@ -474,16 +499,22 @@ where
                     let _ = limiter.check();
                 } else {
                     tokio::select! {
-                        _ = layer.next_token(limiter) => {}
+                        _ = layer.next_token(limiter, priority) => {}
                         // Not sent yet: abandoned at once on shutdown.
                         _ = layer.drain.started() => return Err(refuse()),
                     }
                 }
+                let waited = waiting.elapsed().as_secs_f64();
                 layer
                     .metrics
                     .rate_limiter_duration
                     .with_label_values(&labels)
-                    .observe(waiting.elapsed().as_secs_f64());
+                    .observe(waited);
+                layer
+                    .metrics
+                    .priority_wait
+                    .with_label_values(&[priority.label()])
+                    .observe(waited);
             }
 
             // Latency is measured from after the token to response headers,

@@ -14,6 +14,7 @@ pub mod exposition;
 pub mod http;
 pub mod informer;
 pub mod leader;
+pub mod priority;
 pub mod reachability;
 pub mod resource;
 pub mod store;

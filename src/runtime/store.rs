@@ -91,6 +91,16 @@ impl<K> Store<K> {
             .collect()
     }
 
+    /// How many objects the index files under `value`.
+    pub fn index_len(&self, index: &str, value: &str) -> usize {
+        let inner = self.inner.read().unwrap();
+        inner
+            .indexes
+            .get(index)
+            .and_then(|i| i.get(value))
+            .map_or(0, |keys| keys.len())
+    }
+
     pub fn by_index(&self, index: &str, value: &str) -> Vec<Arc<K>> {
         let inner = self.inner.read().unwrap();
         let Some(keys) = inner.indexes.get(index).and_then(|i| i.get(value)) else {

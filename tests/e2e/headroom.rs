@@ -130,7 +130,7 @@ async fn bound_pod(
 }
 
 /// Waits until the watermark's status says `want` (a subset of fields).
-async fn wait_status(api: &Api<DynamicObject>, name: &str, want: Value) -> Value {
+pub(crate) async fn wait_status(api: &Api<DynamicObject>, name: &str, want: Value) -> Value {
     wait_for(&format!("status {want}"), WAIT, async || {
         let wm = api.get(name).await?;
         let status = wm.data["status"].clone();
@@ -146,7 +146,7 @@ async fn wait_status(api: &Api<DynamicObject>, name: &str, want: Value) -> Value
     .await
 }
 
-fn condition(status: &Value, type_: &str) -> Value {
+pub(crate) fn condition(status: &Value, type_: &str) -> Value {
     status["conditions"]
         .as_array()
         .into_iter()
@@ -168,7 +168,7 @@ async fn headroom_with_watermark(
 }
 
 /// [`headroom_with_watermark`] with further controller flags.
-async fn headroom_with_flags(
+pub(crate) async fn headroom_with_flags(
     name: &'static str,
     flags: &[&str],
     setup: impl AsyncFnOnce(&kube::Client),
@@ -216,7 +216,7 @@ async fn wait_replicas(deployments: &Api<Deployment>, name: &str, replicas: i32)
 }
 
 /// Merge-patches the watermark `pool`.
-async fn patch_watermark(watermarks: &Api<DynamicObject>, patch: Value) {
+pub(crate) async fn patch_watermark(watermarks: &Api<DynamicObject>, patch: Value) {
     watermarks
         .patch("pool", &PatchParams::default(), &Patch::Merge(patch))
         .await
@@ -319,7 +319,12 @@ fn entry_status(status: &Value, name: &str) -> Value {
 }
 
 /// Waits until entry `name` of the watermark's status has `want`.
-async fn wait_entry(api: &Api<DynamicObject>, wm: &str, name: &str, want: Value) -> Value {
+pub(crate) async fn wait_entry(
+    api: &Api<DynamicObject>,
+    wm: &str,
+    name: &str,
+    want: Value,
+) -> Value {
     wait_for(&format!("entry {name}: {want}"), WAIT, async || {
         let status = api.get(wm).await?.data["status"].clone();
         let entry = entry_status(&status, name);
@@ -507,7 +512,7 @@ async fn device_watermark_follows_the_devices_in_use() {
 }
 
 /// Creates the PriorityClass `name` with `value`.
-async fn priority_class(admin: &kube::Client, name: &str, value: i32, never: bool) {
+pub(crate) async fn priority_class(admin: &kube::Client, name: &str, value: i32, never: bool) {
     let api: Api<k8s_openapi::api::scheduling::v1::PriorityClass> = Api::all(admin.clone());
     let mut class = json!({"metadata": {"name": name}, "value": value});
     if never {
@@ -523,13 +528,13 @@ async fn priority_class(admin: &kube::Client, name: &str, value: i32, never: boo
 
 /// The chart's placeholder class `dra-headroom` (-1, never preempting)
 /// and `high` (1000) for workloads.
-async fn priority_classes(admin: &kube::Client) {
+pub(crate) async fn priority_classes(admin: &kube::Client) {
     priority_class(admin, "dra-headroom", -1, true).await;
     priority_class(admin, "high", 1000, false).await;
 }
 
 /// The node a pod is bound to, if any.
-async fn bound_to(pods: &Api<Pod>, name: &str) -> anyhow::Result<Option<String>> {
+pub(crate) async fn bound_to(pods: &Api<Pod>, name: &str) -> anyhow::Result<Option<String>> {
     Ok(pods
         .get_opt(name)
         .await?
@@ -592,7 +597,7 @@ async fn full_node_and_a_waiting_pod(
 }
 
 /// The claim template `job-gpu`: one device of the class `driver`.
-async fn gpu_job_template(t: &TestCtx, driver: &str) {
+pub(crate) async fn gpu_job_template(t: &TestCtx, driver: &str) {
     t.create_template_with(
         "job-gpu",
         json!({}),
@@ -603,7 +608,7 @@ async fn gpu_job_template(t: &TestCtx, driver: &str) {
 }
 
 /// A priority-1000 pod `name` claiming one device through `job-gpu`.
-async fn gpu_job(pods: &Api<Pod>, name: &str) {
+pub(crate) async fn gpu_job(pods: &Api<Pod>, name: &str) {
     let job = json!({"metadata": {"name": name}, "spec": {
         "priorityClassName": "high",
         "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
@@ -707,12 +712,24 @@ async fn with_control_plane(
     let scheduler_bin = crate::scheduler::binary_or_skip(name)?;
     let kcm_bin = crate::reference::binary_or_skip(name)?;
     let (mut t, watermarks) = headroom_with_flags(name, flags, setup, spec).await?;
-    let cluster = &t.isolated_env().cluster;
-    let scheduler = crate::scheduler::Scheduler::start(&scheduler_bin, cluster)
+    let (scheduler, kcm) =
+        scheduler_and_workload_controllers(&t.isolated_env().cluster, &scheduler_bin, &kcm_bin)
+            .await;
+    Some((t, watermarks, scheduler, kcm))
+}
+
+/// kube-scheduler, and kube-controller-manager with the controllers that
+/// run placeholders (Deployments, ReplicaSets, garbage collector).
+pub(crate) async fn scheduler_and_workload_controllers(
+    cluster: &crate::cluster::Cluster,
+    scheduler_bin: &std::path::Path,
+    kcm_bin: &std::path::Path,
+) -> (crate::scheduler::Scheduler, crate::reference::Reference) {
+    let scheduler = crate::scheduler::Scheduler::start(scheduler_bin, cluster)
         .await
         .expect("start kube-scheduler");
     let kcm = crate::reference::Reference::start_controllers(
-        &kcm_bin,
+        kcm_bin,
         cluster,
         &[
             "deployment-controller",
@@ -722,12 +739,12 @@ async fn with_control_plane(
     )
     .await
     .expect("start kube-controller-manager");
-    Some((t, watermarks, scheduler, kcm))
+    (scheduler, kcm)
 }
 
 /// Every device allocated in the namespace, with the claims holding it:
 /// none may be in two.
-async fn devices_in_two_claims(t: &TestCtx) -> Vec<String> {
+pub(crate) async fn devices_in_two_claims(t: &TestCtx) -> Vec<String> {
     let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
         Api::namespaced(t.client.clone(), &t.ns);
     let mut holders: std::collections::BTreeMap<String, Vec<String>> = Default::default();
@@ -753,7 +770,7 @@ async fn devices_in_two_claims(t: &TestCtx) -> Vec<String> {
 }
 
 /// The pods of the namespace that are placeholders (by their label).
-async fn placeholder_pods(pods: &Api<Pod>) -> Vec<Pod> {
+pub(crate) async fn placeholder_pods(pods: &Api<Pod>) -> Vec<Pod> {
     pods.list(
         &kube::api::ListParams::default().labels(dra_claim_controller::naming::WATERMARK_LABEL),
     )

@@ -186,6 +186,11 @@ struct State {
     stall_epoch: tokio::sync::watch::Sender<u64>,
     /// Every distinct `User-Agent` the client sent.
     user_agents: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Requests (method, path substring) held unanswered and never
+    /// forwarded: a write that never reaches the server, so a test can kill
+    /// the client between two of its writes.
+    blocked: std::sync::Mutex<Option<(http::Method, String)>>,
+    blocked_seen: AtomicU64,
 }
 
 /// A running proxy; it stops when dropped.
@@ -235,6 +240,8 @@ impl FaultProxy {
             enabled: AtomicBool::new(true),
             stall_epoch: tokio::sync::watch::Sender::new(0),
             user_agents: Default::default(),
+            blocked: Default::default(),
+            blocked_seen: AtomicU64::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(Self {
@@ -264,6 +271,22 @@ impl FaultProxy {
     /// kept open; streams started later are forwarded as usual.
     pub fn stall_open_watches(&self) {
         self.state.stall_epoch.send_modify(|e| *e += 1);
+    }
+
+    /// From now on, `method` requests whose path contains `path` are held
+    /// without an answer and never forwarded (faults on or off).
+    pub fn block(&self, method: http::Method, path: &str) {
+        *self.state.blocked.lock().unwrap() = Some((method, path.to_string()));
+    }
+
+    /// Forwards blocked requests again (those held stay held).
+    pub fn unblock(&self) {
+        *self.state.blocked.lock().unwrap() = None;
+    }
+
+    /// How many requests were held by [`FaultProxy::block`].
+    pub fn blocked_requests(&self) -> u64 {
+        self.state.blocked_seen.load(Ordering::SeqCst)
     }
 
     /// Turns fault injection on or off; requests are forwarded either way.
@@ -333,6 +356,16 @@ fn is_watch(req: &Request<Incoming>) -> bool {
 }
 
 fn decide(state: &State, method: &http::Method, path: &str, watch: bool) -> Verdict {
+    let blocked = state
+        .blocked
+        .lock()
+        .unwrap()
+        .as_ref()
+        .is_some_and(|(m, p)| m == method && path.contains(p.as_str()));
+    if blocked && !watch {
+        state.blocked_seen.fetch_add(1, Ordering::SeqCst);
+        return Verdict::Hold(Duration::from_secs(3600));
+    }
     let plan = &state.plan;
     let c = &state.counts;
     let spared = plan.spare.iter().any(|s| path.contains(s))

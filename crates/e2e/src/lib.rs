@@ -18,6 +18,7 @@
 //! Without the binaries, tests print one `SKIP:` line and pass.
 
 pub mod admission;
+pub mod autoscaler;
 pub mod cluster;
 pub mod ctx;
 pub mod fault_proxy;

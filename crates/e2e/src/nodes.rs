@@ -19,6 +19,14 @@ pub async fn create_schedulable_node(client: &kube::Client, name: &str) -> anyho
             )?,
         )
         .await?;
+    report_ready(client, name).await
+}
+
+/// What the kubelet of node `name` would do once up: report it Ready with
+/// room for 110 pods, and (playing the node lifecycle controller) lift the
+/// not-ready taint the TaintNodesByCondition admission plugin put on it.
+pub async fn report_ready(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
     let capacity = json!({"cpu": "64", "memory": "256Gi", "pods": "110"});
     nodes
         .patch_status(

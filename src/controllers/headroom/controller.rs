@@ -405,16 +405,34 @@ impl Controller {
     fn yield_hold(&self) -> Option<Duration> {
         let mut promised = self.promised.lock().unwrap();
         promised.retain(|_, p| p.at.elapsed() < YIELD_EVERY);
-        let promises = promised.iter().map(|(key, p)| {
-            let waits = self.pods.get(key).is_some_and(|pod| {
-                pod.uid() == p.uid
-                    && pod.spec.node_name.is_none()
-                    && pod.metadata.deletion_timestamp.is_none()
-                    && !pod.is_terminal()
-            });
-            (p.at.elapsed(), waits)
-        });
+        let promises = promised
+            .iter()
+            .map(|(key, p)| (p.at.elapsed(), self.still_waits(key, &p.uid)));
         gate_hold(promises, YIELD_EVERY)
+    }
+
+    /// Whether the pod `key` (this UID) still waits: exists, unbound, not
+    /// deleting, not finished.
+    fn still_waits(&self, key: &str, uid: &str) -> bool {
+        self.pods.get(key).is_some_and(|pod| {
+            pod.uid() == uid
+                && pod.spec.node_name.is_none()
+                && pod.metadata.deletion_timestamp.is_none()
+                && !pod.is_terminal()
+        })
+    }
+
+    /// The devices yields freed for pods other than `key` that still wait
+    /// for them: promised, so no other pod's yield may count them as free.
+    fn promised_to_others(&self, key: &str) -> HashSet<DeviceId> {
+        let promised = self.promised.lock().unwrap();
+        promised
+            .iter()
+            .filter(|(k, p)| {
+                k.as_str() != key && p.at.elapsed() < YIELD_EVERY && self.still_waits(k, &p.uid)
+            })
+            .flat_map(|(_, p)| p.freed.iter().cloned())
+            .collect()
     }
 
     /// Lifts the placeholder gate of this watermark's unbound placeholders,
@@ -783,7 +801,7 @@ impl Controller {
             return Ok(());
         }
         let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
-        let nodes = self.yield_nodes(priority);
+        let nodes = self.yield_nodes(priority, key);
         let classes: BTreeMap<String, Arc<DeviceClass>> = self
             .classes
             .list()
@@ -988,8 +1006,9 @@ impl Controller {
     }
 
     /// The nodes of watermarks with device entries, with their devices and
-    /// the device placeholders (below `priority`) bound there.
-    fn yield_nodes(&self, priority: i32) -> Vec<YieldNode> {
+    /// the device placeholders (below `priority`) bound there, as the yield
+    /// for the pod `for_pod` sees them.
+    fn yield_nodes(&self, priority: i32, for_pod: &str) -> Vec<YieldNode> {
         let nodes = self.nodes.list();
         let mut selected: BTreeMap<String, Arc<HeadroomNode>> = BTreeMap::new();
         for wm in self
@@ -1005,7 +1024,11 @@ impl Controller {
         }
         let slices = self.slices.list();
         let claims = self.claims.list();
-        let in_use: HashSet<DeviceId> = claims.iter().flat_map(|c| c.held_devices()).collect();
+        // Devices freed for another waiting pod are as good as taken: a
+        // second waiting pod must not count on them (it would wait for a
+        // yield of its own while a recreated placeholder races for them).
+        let mut in_use: HashSet<DeviceId> = claims.iter().flat_map(|c| c.held_devices()).collect();
+        in_use.extend(self.promised_to_others(for_pod));
         let pods = self.pods.list();
         let released = self.released.lock().unwrap().clone();
         selected

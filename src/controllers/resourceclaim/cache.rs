@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::model::indexes::{
     CLAIMS_BY_OWNER_UID, GROUPS_BY_CLAIM, GROUPS_BY_TEMPLATE, PODS_BY_CLAIM, PODS_BY_GROUP,
-    PODS_BY_TEMPLATE, claim_owner_index, group_claim_index, group_owner_key, group_template_index,
-    pod_claim_index, pod_group_index, pod_template_index,
+    PODS_BY_TEMPLATE, PODS_WAITING, WAITING, claim_owner_index, group_claim_index, group_owner_key,
+    group_template_index, pod_claim_index, pod_group_index, pod_template_index, pod_waiting_index,
 };
 use crate::model::views::{ClaimView, NodeView, PodGroupApi, PodGroupView, PodView, TemplateView};
 use crate::runtime::store::{IndexFn, RecentSet, Store, object_key};
@@ -64,6 +64,7 @@ impl Caches {
                 (PODS_BY_CLAIM, pod_claim_index as IndexFn<PodView>),
                 (PODS_BY_TEMPLATE, pod_template_index),
                 (PODS_BY_GROUP, pod_group_index),
+                (PODS_WAITING, pod_waiting_index),
             ])),
             claims: Arc::new(Store::new(vec![(
                 CLAIMS_BY_OWNER_UID,
@@ -86,6 +87,13 @@ impl Caches {
             synced: AtomicBool::new(false),
             allocator_nodes: None,
         }
+    }
+
+    /// Whether a cached pod waits to be scheduled (not done, not being
+    /// deleted, on no node yet): then releasing devices is on a pod's path
+    /// to start, and claim cleanup is start-up work at the client's budget.
+    pub fn pods_wait_to_start(&self) -> bool {
+        self.pods.index_len(PODS_WAITING, WAITING) > 0
     }
 
     /// Caches that know the nodes whose claims the allocator allocates.

@@ -47,17 +47,33 @@ impl LivePod {
     }
 }
 
-/// The writes claim work wants, in order.
+/// The writes claim work wants, in the order [`execute`] performs them.
+///
+/// A generated claim whose pod is done or gone, when no pod waits to be
+/// scheduled, costs two writes instead of the reference's three: it is
+/// deleted first (preconditions on UID and resourceVersion), which makes it
+/// unusable for anyone (kube-scheduler never reserves or allocates a claim
+/// that is being deleted), then its delete-protection finalizer is removed,
+/// which removes the object and its allocation with it. A process killed
+/// between the two writes leaves a claim being deleted, which the next sync
+/// finishes with the second write alone.
+///
+/// While a pod waits, the deallocation comes first, as in the reference:
+/// kube-scheduler 1.36 retries a pod that waits for devices when a claim's
+/// allocation is cleared, not when a claim is deleted, so without that write
+/// the waiting pod would sit out the scheduler's periodic flush (5 min).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ClaimActions {
     /// New `reservedFor` (and whether to clear the allocation with it).
     pub set_reserved_for: Option<(Vec<ResourceClaimConsumerReference>, bool)>,
-    /// Clear the allocation of a claim that is being deleted and unused.
+    /// Clear the allocation of a claim without reservations to drop.
     pub deallocate: bool,
-    /// Remove the delete-protection finalizer once the allocation is gone.
-    pub release_finalizer: bool,
-    /// Delete the claim: its pod is done or was replaced.
+    /// Delete the claim: generated for a pod that is done, replaced or
+    /// deleted, and nobody else uses it.
     pub delete: bool,
+    /// Remove the delete-protection finalizer: once the claim is
+    /// deallocated, or right away from a claim being deleted.
+    pub release_finalizer: bool,
 }
 
 /// The outcome of deciding claim work.
@@ -71,11 +87,14 @@ pub enum ClaimDecision {
     Act(ClaimActions),
 }
 
-/// Decides claim work. `live` holds answers for pods by UID.
+/// Decides claim work. `live` holds answers for pods by UID; `pods_wait`
+/// says whether some pod waits to be scheduled (and may need the devices
+/// this claim frees).
 pub fn decide(
     claim: &ClaimView,
     caches: &Caches,
     live: &HashMap<String, LivePod>,
+    pods_wait: bool,
 ) -> ClaimDecision {
     let ns = claim.namespace();
     let reserved = &claim.status.reserved_for;
@@ -140,35 +159,54 @@ pub fn decide(
         .finalizers()
         .iter()
         .any(|f| f == DELETE_PROTECTION_FINALIZER);
+    let unused = remaining.is_empty();
+    let deleting = claim.is_deleting();
     let mut actions = ClaimActions::default();
-    if remaining.len() < reserved.len() {
+    let delete = unused && !deleting && owner_is_finished(claim, caches, live);
+    if delete || (unused && deleting) {
+        // The claim goes away: deallocate only to tell the scheduler.
+        if pods_wait && protected && claim.is_allocated() {
+            if remaining.len() < reserved.len() {
+                actions.set_reserved_for = Some((remaining, true));
+            } else {
+                actions.deallocate = true;
+            }
+        }
+        actions.delete = delete;
+        actions.release_finalizer = protected;
+    } else if remaining.len() < reserved.len() {
         // Deallocate on the transition from used to unused, so the devices
         // are free for others and the next consumer is not tied to the
         // node the previous one ran on.
-        let deallocate = remaining.is_empty() && protected && claim.is_allocated();
-        actions.set_reserved_for = Some((remaining.clone(), deallocate));
-        actions.release_finalizer = remaining.is_empty() && protected;
-    } else if protected && claim.is_deleting() && remaining.is_empty() {
-        actions.deallocate = claim.is_allocated();
-        actions.release_finalizer = true;
-    }
-
-    if remaining.is_empty()
-        && let Some((pod_name, pod_uid)) = controlling_pod(claim.owner_references())
-        && let Some(pod) = caches.pods.get(&object_key(ns, pod_name))
-        && (pod.uid() != pod_uid || pod.is_done())
-        && !claim.is_deleting()
-    {
-        actions.delete = true;
+        let deallocate = unused && protected && claim.is_allocated();
+        actions.set_reserved_for = Some((remaining, deallocate));
+        actions.release_finalizer = unused && protected;
     }
     ClaimDecision::Act(actions)
+}
+
+/// Whether the pod that owns this claim (a generated claim) is done,
+/// replaced under its name, or known deleted: then the claim is ours to
+/// delete. A claim without an owning pod, or whose pod nobody has seen, is
+/// left to the garbage collector.
+fn owner_is_finished(claim: &ClaimView, caches: &Caches, live: &HashMap<String, LivePod>) -> bool {
+    let Some((pod_name, pod_uid)) = controlling_pod(claim.owner_references()) else {
+        return false;
+    };
+    if caches.deleted_pods.contains(&pod_uid.to_string()) {
+        return true;
+    }
+    match caches.pods.get(&object_key(claim.namespace(), pod_name)) {
+        Some(pod) => pod.uid() != pod_uid || pod.is_done(),
+        None => matches!(live.get(pod_uid), Some(LivePod::Gone | LivePod::Done)),
+    }
 }
 
 /// Whether claim work for this claim would do anything, judged from the
 /// caches alone (a claim that needs a live lookup counts: only the lookup
 /// can tell).
 pub fn needs_work(claim: &ClaimView, caches: &Caches) -> bool {
-    match decide(claim, caches, &HashMap::new()) {
+    match decide(claim, caches, &HashMap::new(), false) {
         ClaimDecision::NeedLiveLookup(_) | ClaimDecision::NeedGroupLookup(_) => true,
         ClaimDecision::Act(actions) => actions != ClaimActions::default(),
     }
@@ -179,8 +217,9 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> Result<(), SyncError> 
     let (ns, name) = (claim.namespace().to_string(), claim.name().to_string());
     let key = format!("{ns}/{name}");
     let mut live = HashMap::new();
+    let pods_wait = ctx.caches.pods_wait_to_start();
     let actions = loop {
-        match decide(claim, &ctx.caches, &live) {
+        match decide(claim, &ctx.caches, &live, pods_wait) {
             ClaimDecision::Act(actions) => break actions,
             ClaimDecision::NeedLiveLookup(pods) => {
                 for (pod_name, uid) in pods {
@@ -227,33 +266,56 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> Result<(), SyncError> 
             .map_err(kube_err(format_args!(
                 "clearing status.allocation of ResourceClaim {key}"
             )))?;
-        info!("deallocated unused claim that is being deleted");
-    }
-    if actions.release_finalizer
-        && !current.is_allocated()
-        && let Some(p) = patch::remove_finalizer(&current, DELETE_PROTECTION_FINALIZER)
-    {
-        api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(p))
-            .await
-            .map_err(kube_err(format_args!(
-                "removing finalizer {DELETE_PROTECTION_FINALIZER} of ResourceClaim {key}"
-            )))?;
-        info!("removed delete-protection finalizer");
+        info!("deallocated unused claim for a waiting pod");
     }
     if actions.delete {
+        // Exactly the claim judged: another with the same name, or this one
+        // changed since (a reservation added), is decided again instead.
         let params = DeleteParams {
             preconditions: Some(Preconditions {
-                uid: Some(claim.uid().to_string()),
-                resource_version: None,
+                uid: Some(current.uid().to_string()),
+                resource_version: current.metadata.resource_version.clone(),
             }),
             ..Default::default()
         };
         match api.delete(&name, &params).await {
-            Ok(_) => info!("deleted claim of a pod that is done or replaced"),
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            // The answer is the object while a finalizer holds it back,
+            // else the final Status.
+            Ok(answer) => match answer.left() {
+                Some(terminating) => {
+                    info!("deleting claim of a pod that is done or gone");
+                    current = terminating;
+                }
+                None => {
+                    info!("deleted claim of a pod that is done or gone");
+                    return Ok(());
+                }
+            },
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
             Err(e) => {
                 return Err(SyncError::kube(
                     format_args!("deleting unused generated ResourceClaim {key}"),
+                    e,
+                ));
+            }
+        }
+    }
+    if actions.release_finalizer
+        && (current.is_deleting() || !current.is_allocated())
+        && let Some(p) = patch::remove_finalizer(&current, DELETE_PROTECTION_FINALIZER)
+    {
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Json::<()>(p))
+            .await
+        {
+            Ok(_) => info!("removed delete-protection finalizer"),
+            // The object went away meanwhile: nothing is left to release.
+            Err(kube::Error::Api(s)) if s.code == 404 && current.is_deleting() => {}
+            Err(e) => {
+                return Err(SyncError::kube(
+                    format_args!(
+                        "removing finalizer {DELETE_PROTECTION_FINALIZER} of ResourceClaim {key}"
+                    ),
                     e,
                 ));
             }

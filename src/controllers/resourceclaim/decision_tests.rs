@@ -567,12 +567,23 @@ fn decide_claim(
     deleted: &[&str],
     live: &[(&str, LivePod)],
 ) -> ClaimDecision {
+    decide_claim_with(claim, pods, deleted, live, false)
+}
+
+/// [`decide_claim`] with `pods_wait`: whether a pod waits to be scheduled.
+fn decide_claim_with(
+    claim: &ClaimView,
+    pods: &[PodView],
+    deleted: &[&str],
+    live: &[(&str, LivePod)],
+    pods_wait: bool,
+) -> ClaimDecision {
     let c = caches(pods, std::slice::from_ref(claim), &[]);
     for uid in deleted {
         c.deleted_pods.add(uid.to_string());
     }
     let live: HashMap<String, LivePod> = live.iter().map(|(u, s)| (u.to_string(), *s)).collect();
-    claim::decide(claim, &c, &live)
+    claim::decide(claim, &c, &live, pods_wait)
 }
 
 fn act(
@@ -592,6 +603,54 @@ fn act(
         release_finalizer: release,
         delete,
     })
+}
+
+/// While a pod waits to be scheduled, a claim that goes away is
+/// deallocated first: kube-scheduler retries waiting pods on a cleared
+/// allocation, not on a deleted claim.
+#[test]
+fn claim_work_while_a_pod_waits() {
+    let done = pod_with(json!({"status": {"phase": "Succeeded"}}));
+    let protected = |extra: Value| {
+        let mut v = owned_by(POD_UID);
+        merge(
+            &mut v,
+            json!({"metadata": {"finalizers": [DELETE_PROTECTION_FINALIZER]},
+                   "status": {"allocation": {"devices": {}}}}),
+        );
+        merge(&mut v, extra);
+        claim_with(GENERATED, v)
+    };
+    let reserved = reserved_for(&[(POD, POD_UID)]);
+    let deleting = json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}});
+    let mut deleting_reserved = deleting.clone();
+    merge(&mut deleting_reserved, reserved.clone());
+    let rows = [
+        (
+            "delete-claim-when-done: deallocate, delete, release",
+            protected(reserved.clone()),
+            act(Some((vec![], true)), false, true, true),
+        ),
+        (
+            "done pod's claim already unreserved: deallocate alone first",
+            protected(json!({})),
+            act(None, true, true, true),
+        ),
+        (
+            "killed between delete and finalizer: deallocate, release",
+            protected(deleting_reserved),
+            act(Some((vec![], true)), false, true, false),
+        ),
+        (
+            "structured-deleted: deallocate, release",
+            protected(deleting),
+            act(None, true, true, false),
+        ),
+    ];
+    for (case, claim, want) in rows {
+        let got = decide_claim_with(&claim, std::slice::from_ref(&done), &[], &[], true);
+        assert_eq!(got, want, "{case}");
+    }
 }
 
 #[test]
@@ -640,7 +699,7 @@ fn claim_work_table() {
             pods: vec![],
             deleted: vec![POD_UID],
             live: vec![],
-            want: act(Some((vec![], true)), false, true, false),
+            want: act(None, false, true, true),
         },
         ClaimRow {
             case: "clear-reserved-structured (pod never existed)",
@@ -648,11 +707,11 @@ fn claim_work_table() {
             pods: vec![],
             deleted: vec![],
             live: vec![(POD_UID, LivePod::Gone)],
-            want: act(Some((vec![], true)), false, true, false),
+            want: act(None, false, true, true),
         },
         ClaimRow { case: // A pod without claims of its own is not cached; the live
             // lookup tells whether it is done.
-            "clear-reserved-when-done (pod without claims, read live)", claim: reserved_claim(structured.clone()), pods: vec![], deleted: vec![], live: vec![(POD_UID, LivePod::Done)], want: act(Some((vec![], true)), false, true, false) },
+            "clear-reserved-when-done (pod without claims, read live)", claim: reserved_claim(structured.clone()), pods: vec![], deleted: vec![], live: vec![(POD_UID, LivePod::Done)], want: act(None, false, true, true) },
         ClaimRow {
             case: "dont-clear-reserved-structured",
             claim: {
@@ -674,7 +733,7 @@ fn claim_work_table() {
             pods: vec![],
             deleted: vec![POD_UID],
             live: vec![],
-            want: act(Some((vec![], true)), false, true, false),
+            want: act(None, false, true, false),
         },
         ClaimRow {
             case: "structured-deleted",
@@ -682,7 +741,7 @@ fn claim_work_table() {
             pods: vec![],
             deleted: vec![],
             live: vec![],
-            want: act(None, true, true, false),
+            want: act(None, false, true, false),
         },
         ClaimRow {
             case: "clear-reserved-when-done (no owner, no finalizer: allocation stays)",
@@ -714,7 +773,7 @@ fn claim_work_table() {
             pods: vec![done.clone()],
             deleted: vec![],
             live: vec![],
-            want: act(Some((vec![], true)), false, true, true),
+            want: act(None, false, true, true),
         },
         ClaimRow {
             case: "pod replaced under the same name",
@@ -722,7 +781,7 @@ fn claim_work_table() {
             pods: vec![pod_with(json!({"metadata": {"uid": "uid-new"}}))],
             deleted: vec![],
             live: vec![],
-            want: act(Some((vec![], true)), false, true, true),
+            want: act(None, false, true, true),
         },
         ClaimRow {
             case: "clean up pod reservation with non-pod reservation present",
@@ -768,7 +827,56 @@ fn claim_work_table() {
                 "extendedResourceClaimStatus": {"resourceClaimName": GENERATED, "requestMappings": []}}}))],
             deleted: vec![],
             live: vec![],
-            want: act(Some((vec![], true)), false, true, true),
+            want: act(None, false, true, true),
+        },
+        ClaimRow {
+            case: "claim of a done pod that is not generated: reservation and allocation go first",
+            claim: {
+                let mut v = structured.clone();
+                merge(&mut v, json!({"status": {"allocation": {"devices": {}}}}));
+                merge(&mut v, reserved_for(&[(POD, POD_UID)]));
+                claim_with("shared", v)
+            },
+            pods: vec![done.clone()],
+            deleted: vec![],
+            live: vec![],
+            want: act(Some((vec![], true)), false, true, false),
+        },
+        ClaimRow {
+            case: "killed between delete and finalizer removal: the finalizer alone",
+            claim: reserved_claim(deleting.clone()),
+            pods: vec![done.clone()],
+            deleted: vec![],
+            live: vec![],
+            want: act(None, false, true, false),
+        },
+        ClaimRow {
+            case: "generated claim of a done pod without the finalizer: one delete",
+            claim: reserved_claim(json!({})),
+            pods: vec![done.clone()],
+            deleted: vec![],
+            live: vec![],
+            want: act(None, false, false, true),
+        },
+        ClaimRow {
+            case: "generated claim of a done pod still reserved by another pod stays",
+            claim: {
+                let mut v = structured.clone();
+                merge(
+                    &mut v,
+                    reserved_for(&[(POD, POD_UID), ("other", "uid-other")]),
+                );
+                reserved_claim(v)
+            },
+            pods: vec![done.clone()],
+            deleted: vec![],
+            live: vec![("uid-other", LivePod::Active)],
+            want: act(
+                Some((vec![("other", "uid-other")], false)),
+                false,
+                false,
+                false,
+            ),
         },
         ClaimRow {
             case: "unused claim of a running pod stays",
@@ -882,4 +990,28 @@ fn claim_needs_work_for_resync() {
         let c = caches(&pods, std::slice::from_ref(&claim), &[]);
         assert_eq!(claim::needs_work(&claim, &c), want, "case {case}");
     }
+}
+
+/// A pod waits to start while it is on no node and not done; the answer
+/// follows every update of the pod in the cache.
+#[test]
+fn pods_wait_to_start_follows_the_pod_cache() {
+    let c = Caches::new();
+    let key = object_key(NS, POD);
+    assert!(!c.pods_wait_to_start(), "no pods");
+    c.pods.apply(key.clone(), Arc::new(pod_with(json!({}))));
+    assert!(c.pods_wait_to_start(), "unscheduled");
+    c.pods.apply(
+        key.clone(),
+        Arc::new(pod_with(json!({"spec": {"nodeName": "n"}}))),
+    );
+    assert!(!c.pods_wait_to_start(), "bound");
+    c.pods.apply(
+        key.clone(),
+        Arc::new(pod_with(json!({"status": {"phase": "Failed"}}))),
+    );
+    assert!(!c.pods_wait_to_start(), "done before it was scheduled");
+    c.pods.apply(key.clone(), Arc::new(pod_with(json!({}))));
+    c.pods.delete(&key);
+    assert!(!c.pods_wait_to_start(), "gone");
 }

@@ -114,23 +114,75 @@ fn claim_of_done_pod() -> (Context, Handle, ClaimView) {
     (ctx, handle, seen)
 }
 
-/// The claim of a pod that is done: reservation and allocation removed in
-/// one guarded status patch, then the finalizer, then the claim deleted
-/// with a UID precondition. Three requests, in that order.
+/// The claim of a pod that is done: two requests. A delete with UID and
+/// resourceVersion preconditions (the finalizer holds the object back, the
+/// answer is the terminating claim), then the finalizer removed from that
+/// answer, guarded by its version: no separate deallocation write.
 #[tokio::test]
-async fn claim_of_a_done_pod_is_released_then_deleted() {
+async fn claim_of_a_done_pod_is_deleted_then_released() {
     let (ctx, mut handle, seen) = claim_of_done_pod();
 
     let work = tokio::spawn(async move { claim::execute(&ctx, &seen).await });
 
-    let mut released = claim_json(false);
+    let mut terminating = claim_json(true);
+    terminating["metadata"]["resourceVersion"] = json!("8");
+    terminating["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let delete = expect(&mut handle, 200, terminating.clone()).await;
+    assert_eq!(
+        (delete.method, delete.path.as_str()),
+        (Method::DELETE, format!("{CLAIMS}/c").as_str())
+    );
+    assert_eq!(
+        delete.body["preconditions"],
+        json!({"uid": "claim-uid", "resourceVersion": "7"})
+    );
+
+    let mut gone = terminating.clone();
+    gone["metadata"]["finalizers"] = json!([]);
+    let finalizer = expect(&mut handle, 200, gone).await;
+    assert_eq!(
+        (finalizer.method, finalizer.path.as_str()),
+        (Method::PATCH, format!("{CLAIMS}/c").as_str())
+    );
+    assert_eq!(finalizer.content_type, "application/json-patch+json");
+    assert_eq!(
+        finalizer.body,
+        json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": "8"},
+            {"op": "test", "path": "/metadata/finalizers", "value": [DELETE_PROTECTION_FINALIZER]},
+            {"op": "remove", "path": "/metadata/finalizers/0"},
+        ])
+    );
+
+    work.await.unwrap().expect("claim work succeeds");
+}
+
+/// A claim that is not generated (no owning pod) keeps the reference's
+/// order: reservation and allocation removed in one guarded status patch,
+/// then the finalizer; it is not deleted.
+#[tokio::test]
+async fn claim_that_stays_is_deallocated_then_released() {
+    let caches = Arc::new(Caches::new());
+    let done: PodView = serde_json::from_value(pod_json("Succeeded")).unwrap();
+    caches.pods.apply(object_key("ns", "p"), Arc::new(done));
+    let mut shared = claim_json(true);
+    shared["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("ownerReferences");
+    let seen: ClaimView = serde_json::from_value(shared.clone()).unwrap();
+    let (ctx, mut handle) = context(caches);
+
+    let work = tokio::spawn(async move { claim::execute(&ctx, &seen).await });
+
+    let mut released = shared.clone();
     released["status"] = json!({});
+    released["metadata"]["resourceVersion"] = json!("8");
     let status = expect(&mut handle, 200, released.clone()).await;
     assert_eq!(
         (status.method, status.path.as_str()),
         (Method::PATCH, format!("{CLAIMS}/c/status").as_str())
     );
-    assert_eq!(status.content_type, "application/json-patch+json");
     assert_eq!(
         status.body,
         json!([
@@ -140,7 +192,6 @@ async fn claim_of_a_done_pod_is_released_then_deleted() {
             {"op": "remove", "path": "/status/allocation"},
         ])
     );
-
     let mut unprotected = released.clone();
     unprotected["metadata"]["finalizers"] = json!([]);
     let finalizer = expect(&mut handle, 200, unprotected).await;
@@ -149,38 +200,27 @@ async fn claim_of_a_done_pod_is_released_then_deleted() {
         (Method::PATCH, format!("{CLAIMS}/c").as_str())
     );
     assert_eq!(
-        finalizer.body,
-        json!([
-            {"op": "test", "path": "/metadata/finalizers", "value": [DELETE_PROTECTION_FINALIZER]},
-            {"op": "remove", "path": "/metadata/finalizers/0"},
-        ])
+        finalizer.body[0],
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": "8"})
     );
-
-    let delete = expect(
-        &mut handle,
-        200,
-        json!({"kind": "Status", "status": "Success"}),
-    )
-    .await;
-    assert_eq!(
-        (delete.method, delete.path.as_str()),
-        (Method::DELETE, format!("{CLAIMS}/c").as_str())
-    );
-    assert_eq!(delete.body["preconditions"], json!({"uid": "claim-uid"}));
-
     work.await.unwrap().expect("claim work succeeds");
+    assert!(
+        handle.next_request().await.is_none(),
+        "no delete for a claim that is not generated"
+    );
 }
 
-/// A guard that fails (422: the scheduler wrote meanwhile) ends the sync
-/// with a conflict, and nothing else is sent.
+/// A precondition that fails (409: the claim changed since it was read)
+/// ends the sync with a conflict, and nothing else is sent.
 #[tokio::test]
 async fn failed_guard_is_a_conflict_and_stops_the_sync() {
     let (ctx, mut handle, seen) = claim_of_done_pod();
 
     let work = tokio::spawn(async move { claim::execute(&ctx, &seen).await });
-    let invalid = json!({"kind": "Status", "status": "Failure", "code": 422,
-        "reason": "Invalid", "message": "the server rejected our request: test failed"});
-    expect(&mut handle, 422, invalid).await;
+    let changed = json!({"kind": "Status", "status": "Failure", "code": 409,
+        "reason": "Conflict", "message": "Precondition failed: ResourceVersion in precondition: 7, ResourceVersion in object meta: 9"});
+    let delete = expect(&mut handle, 409, changed).await;
+    assert_eq!(delete.method, Method::DELETE);
     // Another request would wait for an answer forever: the sync must end.
     let result = tokio::time::timeout(std::time::Duration::from_secs(2), work)
         .await

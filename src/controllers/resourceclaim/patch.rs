@@ -75,11 +75,14 @@ pub fn deallocate(seen: &ClaimView) -> json_patch::Patch {
     ]))
 }
 
-/// Removes `finalizer` from the finalizers as seen.
+/// Removes `finalizer` from the claim as seen. The whole version is
+/// guarded: the decision may rest on a reservation being absent, or (for a
+/// claim being deleted) on its remaining reservations being stale.
 pub fn remove_finalizer(seen: &ClaimView, finalizer: &str) -> Option<json_patch::Patch> {
     let finalizers = seen.finalizers();
     let index = finalizers.iter().position(|f| f == finalizer)?;
     Some(to_patch(json!([
+        test_resource_version(seen),
         {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
         {"op": "remove", "path": format!("/metadata/finalizers/{index}")},
     ])))
@@ -197,6 +200,10 @@ mod tests {
         let mut raced = doc.clone();
         raced["metadata"]["finalizers"] = json!(["resource.kubernetes.io/delete-protection"]);
         assert!(apply(&raced, &patch).is_err());
+        // A reservation added meanwhile bumps the version: rejected.
+        let mut reserved = doc.clone();
+        reserved["metadata"]["resourceVersion"] = json!("11");
+        assert!(apply(&reserved, &patch).is_err());
         assert!(remove_finalizer(&seen, "absent").is_none());
     }
 

@@ -362,7 +362,8 @@ fn claim_reserved_for_group(uid: &str) -> ClaimView {
 
 #[test]
 fn group_reservations_table() {
-    let decide = |caches: &Caches, claim: &ClaimView| claim::decide(claim, caches, &HashMap::new());
+    let decide =
+        |caches: &Caches, claim: &ClaimView| claim::decide(claim, caches, &HashMap::new(), false);
     // clear-reserved-podgroup: the group was deleted.
     let gone = caches(true, vec![], vec![], true);
     gone.deleted_pod_groups.add(GROUP_UID.into());
