@@ -202,8 +202,9 @@ async fn run_one(
     }
     let tracker = Tracker::start(client.clone(), args.claims());
     tracker.wait_synced(Duration::from_secs(120)).await?;
+    let started = Instant::now();
     let controller = UnderTest::start(kind, &cluster, args, reference).await?;
-    let result = measure(&client, &tracker, &controller, args).await;
+    let result = measure(&client, &tracker, &controller, args, started).await;
     controller.stop();
     // The server's directory, log included, goes with `cluster`.
     let log = output.keep_log(&controller, round);
@@ -218,8 +219,10 @@ async fn measure(
     tracker: &Tracker,
     controller: &UnderTest,
     args: &Args,
+    started: Instant,
 ) -> anyhow::Result<RunResult> {
     warm_up(client, tracker, controller, args).await?;
+    let ready_s = started.elapsed().as_secs_f64();
     let timeout = args.phase_timeout();
     let names = load::names("load", args.pods);
 
@@ -250,6 +253,7 @@ async fn measure(
         &names,
         (created, done),
         [&base, &after_create, &after_done, &end],
+        ready_s,
     ))
 }
 

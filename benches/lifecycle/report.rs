@@ -185,6 +185,20 @@ pub struct RunResult {
     pub cpu_create_s: f64,
     /// CPU of kube-apiserver + etcd in the create phase (bench creates included).
     pub server_cpu_create_s: f64,
+    /// Start-up: from the process start until one warm-up pod went through
+    /// its whole lifecycle (caches synced and working).
+    pub startup: Startup,
+}
+
+/// What start-up cost, measured when the warm-up pod is through.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Startup {
+    pub ready_s: f64,
+    /// Requests sent by then (lists, watches, the warm-up pod's writes).
+    pub requests: f64,
+    pub cpu_s: f64,
+    /// VmHWM by then: the initial lists' peak.
+    pub peak_rss_mib: f64,
 }
 
 /// The figures of one run. `snapshots`: before the load, after the create
@@ -196,6 +210,7 @@ pub fn summarize(
     names: &[String],
     (created, done): (Calls, Calls),
     [base, after_create, after_cleanup, end]: [&Snapshot; 4],
+    ready_s: f64,
 ) -> RunResult {
     let n = names.len();
     let create = phase(names, created, |p| {
@@ -231,6 +246,12 @@ pub fn summarize(
         server_cpu_lifecycle_s: end.server_cpu_s - base.server_cpu_s,
         cpu_create_s: after_create.stats.cpu_s - base.stats.cpu_s,
         server_cpu_create_s: after_create.server_cpu_s - base.server_cpu_s,
+        startup: Startup {
+            ready_s,
+            requests: base.requests.values().sum(),
+            cpu_s: base.stats.cpu_s,
+            peak_rss_mib: base.stats.peak_rss_mib,
+        },
     }
 }
 
@@ -425,6 +446,14 @@ fn rows(runs: &[RunResult]) -> Vec<Row> {
         row("CPU s (lifecycle)", 2, runs, |r| Some(r.cpu_lifecycle_s)),
         row("CPU s (process total)", 2, runs, |r| Some(r.cpu_process_s)),
         row("peak RSS MiB", 1, runs, |r| Some(r.peak_rss_mib)),
+        row("start-up: s until a first pod went through", 1, runs, |r| {
+            Some(r.startup.ready_s)
+        }),
+        row("start-up: requests", 0, runs, |r| Some(r.startup.requests)),
+        row("start-up: CPU s", 2, runs, |r| Some(r.startup.cpu_s)),
+        row("start-up: peak RSS MiB", 1, runs, |r| {
+            Some(r.startup.peak_rss_mib)
+        }),
         Row {
             comparable: false,
             ..row("machine load average at start", 1, runs, |r| {

@@ -49,7 +49,7 @@ impl LivePod {
 
 /// The writes claim work wants, in the order [`execute`] performs them.
 ///
-/// A generated claim whose pod is done or gone, when no pod waits to be
+/// A generated claim whose pod is done or replaced, when no pod waits to be
 /// scheduled, costs two writes instead of the reference's three: it is
 /// deleted first (preconditions on UID and resourceVersion), which makes it
 /// unusable for anyone (kube-scheduler never reserves or allocates a claim
@@ -68,8 +68,8 @@ pub struct ClaimActions {
     pub set_reserved_for: Option<(Vec<ResourceClaimConsumerReference>, bool)>,
     /// Clear the allocation of a claim without reservations to drop.
     pub deallocate: bool,
-    /// Delete the claim: generated for a pod that is done, replaced or
-    /// deleted, and nobody else uses it.
+    /// Delete the claim: generated for a pod that is done or replaced, and
+    /// nobody else uses it.
     pub delete: bool,
     /// Remove the delete-protection finalizer: once the claim is
     /// deallocated, or right away from a claim being deleted.
@@ -162,7 +162,7 @@ pub fn decide(
     let unused = remaining.is_empty();
     let deleting = claim.is_deleting();
     let mut actions = ClaimActions::default();
-    let delete = unused && !deleting && owner_is_finished(claim, caches, live);
+    let delete = unused && !deleting && owner_is_finished(claim, caches);
     if delete || (unused && deleting) {
         // The claim goes away: deallocate only to tell the scheduler.
         if pods_wait && protected && claim.is_allocated() {
@@ -185,21 +185,18 @@ pub fn decide(
     ClaimDecision::Act(actions)
 }
 
-/// Whether the pod that owns this claim (a generated claim) is done,
-/// replaced under its name, or known deleted: then the claim is ours to
-/// delete. A claim without an owning pod, or whose pod nobody has seen, is
-/// left to the garbage collector.
-fn owner_is_finished(claim: &ClaimView, caches: &Caches, live: &HashMap<String, LivePod>) -> bool {
+/// Whether the pod that owns this claim (a generated claim) is cached and
+/// done, or replaced under its name: then the claim is ours to delete. A
+/// claim whose pod is deleted or unknown is left to the garbage collector,
+/// as the reference leaves it.
+fn owner_is_finished(claim: &ClaimView, caches: &Caches) -> bool {
     let Some((pod_name, pod_uid)) = controlling_pod(claim.owner_references()) else {
         return false;
     };
-    if caches.deleted_pods.contains(&pod_uid.to_string()) {
-        return true;
-    }
-    match caches.pods.get(&object_key(claim.namespace(), pod_name)) {
-        Some(pod) => pod.uid() != pod_uid || pod.is_done(),
-        None => matches!(live.get(pod_uid), Some(LivePod::Gone | LivePod::Done)),
-    }
+    caches
+        .pods
+        .get(&object_key(claim.namespace(), pod_name))
+        .is_some_and(|pod| pod.uid() != pod_uid || pod.is_done())
 }
 
 /// Whether claim work for this claim would do anything, judged from the
@@ -268,60 +265,96 @@ pub async fn execute(ctx: &Context, claim: &ClaimView) -> Result<(), SyncError> 
             )))?;
         info!("deallocated unused claim for a waiting pod");
     }
+    // An allocated claim is never left unprotected while it is not being
+    // deleted: unallocated, the finalizer goes first and the delete then
+    // removes the object at once (the reference's order); still allocated
+    // (nobody waits for its devices), the delete goes first and the
+    // finalizer removal then takes the object and its allocation.
+    let mut released = false;
+    if actions.release_finalizer && !current.is_allocated() {
+        if let Some(updated) = remove_protection(&api, &current, &key).await? {
+            current = updated;
+        }
+        released = true;
+    }
     if actions.delete {
-        // Exactly the claim judged: another with the same name, or this one
-        // changed since (a reservation added), is decided again instead.
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(current.uid().to_string()),
-                resource_version: current.metadata.resource_version.clone(),
-            }),
-            ..Default::default()
-        };
-        match api.delete(&name, &params).await {
-            // The answer is the object while a finalizer holds it back,
-            // else the final Status.
-            Ok(answer) => match answer.left() {
-                Some(terminating) => {
-                    info!("deleting claim of a pod that is done or gone");
-                    current = terminating;
-                }
-                None => {
-                    info!("deleted claim of a pod that is done or gone");
-                    return Ok(());
-                }
-            },
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-            Err(e) => {
-                return Err(SyncError::kube(
-                    format_args!("deleting unused generated ResourceClaim {key}"),
-                    e,
-                ));
-            }
+        match delete_judged(&api, &current, &key).await? {
+            Some(terminating) => current = terminating,
+            None => return Ok(()),
         }
     }
-    if actions.release_finalizer
-        && (current.is_deleting() || !current.is_allocated())
-        && let Some(p) = patch::remove_finalizer(&current, DELETE_PROTECTION_FINALIZER)
-    {
-        match api
-            .patch(&name, &PatchParams::default(), &Patch::Json::<()>(p))
-            .await
-        {
-            Ok(_) => info!("removed delete-protection finalizer"),
-            // The object went away meanwhile: nothing is left to release.
-            Err(kube::Error::Api(s)) if s.code == 404 && current.is_deleting() => {}
-            Err(e) => {
-                return Err(SyncError::kube(
-                    format_args!(
-                        "removing finalizer {DELETE_PROTECTION_FINALIZER} of ResourceClaim {key}"
-                    ),
-                    e,
-                ));
-            }
-        }
+    if actions.release_finalizer && !released && current.is_deleting() {
+        remove_protection(&api, &current, &key).await?;
     }
     Ok(())
+}
+
+/// Deletes exactly the claim judged (UID and resourceVersion
+/// preconditions: another with the same name, or this one changed since,
+/// is decided again instead). The terminating claim while a finalizer holds
+/// it back; `None` once it is gone.
+async fn delete_judged(
+    api: &Api<ClaimView>,
+    current: &ClaimView,
+    key: &str,
+) -> Result<Option<ClaimView>, SyncError> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(current.uid().to_string()),
+            resource_version: current.metadata.resource_version.clone(),
+        }),
+        ..Default::default()
+    };
+    match api.delete(current.name(), &params).await {
+        // The answer is the object while a finalizer holds it back, else
+        // the final Status.
+        Ok(answer) => match answer.left() {
+            Some(terminating) => {
+                info!("deleting claim of a pod that is done or gone");
+                Ok(Some(terminating))
+            }
+            None => {
+                info!("deleted claim of a pod that is done or gone");
+                Ok(None)
+            }
+        },
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) => Err(SyncError::kube(
+            format_args!("deleting unused generated ResourceClaim {key}"),
+            e,
+        )),
+    }
+}
+
+/// Removes the delete-protection finalizer from the claim as seen (guarded
+/// by its version); the updated claim, or `None` when there was nothing to
+/// remove or a claim being deleted went away meanwhile.
+async fn remove_protection(
+    api: &Api<ClaimView>,
+    current: &ClaimView,
+    key: &str,
+) -> Result<Option<ClaimView>, SyncError> {
+    let Some(p) = patch::remove_finalizer(current, DELETE_PROTECTION_FINALIZER) else {
+        return Ok(None);
+    };
+    match api
+        .patch(
+            current.name(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(p),
+        )
+        .await
+    {
+        Ok(updated) => {
+            info!("removed delete-protection finalizer");
+            Ok(Some(updated))
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 && current.is_deleting() => Ok(None),
+        Err(e) => Err(SyncError::kube(
+            format_args!("removing finalizer {DELETE_PROTECTION_FINALIZER} of ResourceClaim {key}"),
+            e,
+        )),
+    }
 }
 
 async fn lookup_pod_group(

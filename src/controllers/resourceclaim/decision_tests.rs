@@ -699,7 +699,7 @@ fn claim_work_table() {
             pods: vec![],
             deleted: vec![POD_UID],
             live: vec![],
-            want: act(None, false, true, true),
+            want: act(Some((vec![], true)), false, true, false),
         },
         ClaimRow {
             case: "clear-reserved-structured (pod never existed)",
@@ -707,11 +707,11 @@ fn claim_work_table() {
             pods: vec![],
             deleted: vec![],
             live: vec![(POD_UID, LivePod::Gone)],
-            want: act(None, false, true, true),
+            want: act(Some((vec![], true)), false, true, false),
         },
         ClaimRow { case: // A pod without claims of its own is not cached; the live
             // lookup tells whether it is done.
-            "clear-reserved-when-done (pod without claims, read live)", claim: reserved_claim(structured.clone()), pods: vec![], deleted: vec![], live: vec![(POD_UID, LivePod::Done)], want: act(None, false, true, true) },
+            "clear-reserved-when-done (pod without claims, read live)", claim: reserved_claim(structured.clone()), pods: vec![], deleted: vec![], live: vec![(POD_UID, LivePod::Done)], want: act(Some((vec![], true)), false, true, false) },
         ClaimRow {
             case: "dont-clear-reserved-structured",
             claim: {

@@ -157,6 +157,52 @@ async fn claim_of_a_done_pod_is_deleted_then_released() {
     work.await.unwrap().expect("claim work succeeds");
 }
 
+/// While another pod waits to be scheduled, the claim of a done pod goes in
+/// the reference's order: reservation and allocation cleared (the write
+/// kube-scheduler retries waiting pods on), the finalizer, then the delete.
+#[tokio::test]
+async fn claim_of_a_done_pod_while_a_pod_waits_is_deallocated_first() {
+    let (ctx, mut handle, seen) = claim_of_done_pod();
+    let mut waiting = pod_json("Pending");
+    waiting["metadata"]["name"] = json!("q");
+    waiting["metadata"]["uid"] = json!("q-uid");
+    let waiting: PodView = serde_json::from_value(waiting).unwrap();
+    ctx.caches
+        .pods
+        .apply(object_key("ns", "q"), Arc::new(waiting));
+
+    let work = tokio::spawn(async move { claim::execute(&ctx, &seen).await });
+
+    let mut released = claim_json(false);
+    released["status"] = json!({});
+    released["metadata"]["resourceVersion"] = json!("8");
+    let status = expect(&mut handle, 200, released.clone()).await;
+    assert_eq!(
+        (status.method, status.path.as_str()),
+        (Method::PATCH, format!("{CLAIMS}/c/status").as_str())
+    );
+    let mut unprotected = released.clone();
+    unprotected["metadata"]["finalizers"] = json!([]);
+    unprotected["metadata"]["resourceVersion"] = json!("9");
+    let finalizer = expect(&mut handle, 200, unprotected).await;
+    assert_eq!(
+        (finalizer.method, finalizer.path.as_str()),
+        (Method::PATCH, format!("{CLAIMS}/c").as_str())
+    );
+    let delete = expect(
+        &mut handle,
+        200,
+        json!({"kind": "Status", "status": "Success"}),
+    )
+    .await;
+    assert_eq!(delete.method, Method::DELETE);
+    assert_eq!(
+        delete.body["preconditions"],
+        json!({"uid": "claim-uid", "resourceVersion": "9"})
+    );
+    work.await.unwrap().expect("claim work succeeds");
+}
+
 /// A claim that is not generated (no owning pod) keeps the reference's
 /// order: reservation and allocation removed in one guarded status patch,
 /// then the finalizer; it is not deleted.
