@@ -8,8 +8,7 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{Api, Patch, PatchParams};
-use serde_json::json;
+use kube::api::Api;
 
 use crate::cluster::ControllerOpts;
 use crate::ctx::TestCtx;
@@ -40,17 +39,6 @@ async fn bound_with_claim(pods: &Api<Pod>, pod: &str) -> String {
         recorded_claim(pods, pod).await
     })
     .await
-}
-
-/// What the kubelet writes when the pod's containers have finished.
-async fn succeed(pods: &Api<Pod>, pod: &str) {
-    pods.patch_status(
-        pod,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
-    )
-    .await
-    .unwrap();
 }
 
 async fn wait_gone(claims: &Api<ResourceClaim>, name: &str) {
@@ -99,7 +87,7 @@ async fn finished_pods_free_their_device_even_when_killed_between_writes() {
     // Nobody waits: two writes, and the next pod binds.
     gpu_job(&pods, "first").await;
     let first_claim = bound_with_claim(&pods, "first").await;
-    succeed(&pods, "first").await;
+    t.set_pod_phase("first", "Succeeded").await;
     wait_gone(&claims, &first_claim).await;
     gpu_job(&pods, "second").await;
     let second_claim = bound_with_claim(&pods, "second").await;
@@ -110,7 +98,7 @@ async fn finished_pods_free_their_device_even_when_killed_between_writes() {
         http::Method::PATCH,
         &format!("/resourceclaims/{second_claim}"),
     );
-    succeed(&pods, "second").await;
+    t.set_pod_phase("second", "Succeeded").await;
     let between = wait_for(
         "the delete done, the finalizer write held",
         WAIT,
@@ -157,7 +145,7 @@ async fn finished_pods_free_their_device_even_when_killed_between_writes() {
         Ok(())
     })
     .await;
-    succeed(&pods, "third").await;
+    t.set_pod_phase("third", "Succeeded").await;
     wait_gone(&claims, &third_claim).await;
     bound_with_claim(&pods, "fourth").await;
     t.finish();

@@ -19,6 +19,7 @@ use crate::model::consumers::{is_pod_consumer, is_pod_group_consumer};
 use crate::model::views::ClaimView;
 use crate::naming::controlling_pod;
 use crate::runtime::error::{SyncError, kube_err};
+use crate::runtime::priority::{Priority, with_priority};
 use crate::runtime::store::object_key;
 
 /// What a live GET said about a pod named in `reservedFor`.
@@ -209,12 +210,23 @@ pub fn needs_work(claim: &ClaimView, caches: &Caches) -> bool {
     }
 }
 
-/// Performs claim work for the cached claim.
+/// Performs claim work for the cached claim. Its requests wait behind pods
+/// starting at the client's budget, unless a pod waits to be scheduled (it
+/// may need the devices this work frees).
 pub async fn execute(ctx: &Context, claim: &ClaimView) -> Result<(), SyncError> {
+    let pods_wait = ctx.caches.pods_wait_to_start();
+    let class = if pods_wait {
+        Priority::StartUp
+    } else {
+        Priority::Cleanup
+    };
+    with_priority(class, execute_as(ctx, claim, pods_wait)).await
+}
+
+async fn execute_as(ctx: &Context, claim: &ClaimView, pods_wait: bool) -> Result<(), SyncError> {
     let (ns, name) = (claim.namespace().to_string(), claim.name().to_string());
     let key = format!("{ns}/{name}");
     let mut live = HashMap::new();
-    let pods_wait = ctx.caches.pods_wait_to_start();
     let actions = loop {
         match decide(claim, &ctx.caches, &live, pods_wait) {
             ClaimDecision::Act(actions) => break actions,

@@ -11,7 +11,6 @@ use super::context::Synced;
 use super::enqueue::{Why, WorkKey};
 use super::{claim, pod, podgroup};
 use crate::runtime::error::SyncError;
-use crate::runtime::priority::{Priority, with_priority};
 use crate::runtime::store::object_key;
 
 impl Controller {
@@ -107,16 +106,7 @@ impl Controller {
                     debug!("claim is gone; nothing to do");
                     return Ok(Synced::Done);
                 };
-                // Releasing claims waits behind pods starting, unless a pod
-                // waits for the devices a release frees.
-                let class = if ctx.caches.pods_wait_to_start() {
-                    Priority::StartUp
-                } else {
-                    Priority::Cleanup
-                };
-                with_priority(class, claim::execute(ctx, &claim))
-                    .await
-                    .map(|()| Synced::Done)
+                claim::execute(ctx, &claim).await.map(|()| Synced::Done)
             }
             WorkKey::PodGroup { namespace, name } => {
                 let (Some(api), Some(group)) = (
