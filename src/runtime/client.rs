@@ -672,6 +672,23 @@ mod tests {
         assert!(limiter.check().is_ok());
     }
 
+    /// A request's class is the one set around the code that sends it:
+    /// each wait is recorded under that class.
+    #[tokio::test]
+    async fn waits_are_recorded_by_the_senders_class() {
+        let metrics = ClientMetrics::new();
+        let layer = ClientLayer::new(1000.0, 10, metrics.clone(), "api").unwrap();
+        let svc = layer.layer(ok_service());
+        svc.clone().oneshot(Request::new(())).await.unwrap();
+        for _ in 0..2 {
+            priority::with_priority(Priority::Cleanup, svc.clone().oneshot(Request::new(())))
+                .await
+                .unwrap();
+        }
+        assert_eq!(metrics.priority_wait(Priority::StartUp).0, 1);
+        assert_eq!(metrics.priority_wait(Priority::Cleanup).0, 2);
+    }
+
     #[tokio::test]
     async fn layer_paces_requests_and_records_wait() {
         // 20 QPS (50ms per token), burst 3: seven requests need four refills,
