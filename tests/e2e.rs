@@ -53,6 +53,8 @@ mod scenarios_gates;
 mod scenarios_reservations;
 #[path = "e2e/scenarios_scale.rs"]
 mod scenarios_scale;
+#[path = "e2e/start_up.rs"]
+mod start_up;
 
 #[path = "e2e/differential.rs"]
 mod differential;

@@ -190,7 +190,8 @@ pub struct RunResult {
     pub startup: Startup,
 }
 
-/// What start-up cost, measured when the warm-up pod is through.
+/// What start-up cost: the time until the warm-up pod was through, the rest
+/// once the controller has settled after it.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Startup {
     pub ready_s: f64,

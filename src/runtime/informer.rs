@@ -2,6 +2,10 @@
 //! shares: a (re)list is buffered until complete and handed over whole,
 //! single events as they come, and a flag says when the first list is in.
 //!
+//! The (re)list is a streaming list (`sendInitialEvents`) where the server
+//! serves one, so a big cluster costs one request and no whole list held at
+//! once on either side, and pages of 500 where it does not.
+//!
 //! Liveness is part of the shape (see [`watch_config`] and
 //! [`WatchBackoff`]): a silent stream is replaced within a bound, and a
 //! failed watch is retried within seconds.
@@ -9,13 +13,13 @@
 use std::fmt::Debug;
 use std::time::Duration;
 
-use futures::StreamExt;
-use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, utils::Backoff};
+use futures::{Stream, StreamExt};
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
-use tracing::warn;
+use tokio::time::Instant;
+use tracing::{info, warn};
 
 /// What a watch's events do.
 pub trait Handler<K>: Send + Sync {
@@ -76,7 +80,6 @@ impl Informer {
     pub async fn run<K>(&self, api: Api<K>, handler: &impl Handler<K>)
     where
         K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-        K::DynamicType: Default,
     {
         self.run_with(api, watch_config(), handler).await
     }
@@ -86,27 +89,311 @@ impl Informer {
     pub async fn run_with<K>(&self, api: Api<K>, config: watcher::Config, handler: &impl Handler<K>)
     where
         K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-        K::DynamicType: Default,
     {
-        let events = watcher::watcher(api, config).backoff(WatchBackoff::default());
-        let mut events = std::pin::pin!(events);
-        // Only this task touches the buffer: no lock.
-        let mut listing = Vec::new();
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(Event::Init) => listing.clear(),
-                Ok(Event::InitApply(obj)) => listing.extend(handler.admit(obj)),
-                Ok(Event::InitDone) => {
-                    handler.relisted(std::mem::take(&mut listing));
+        let watch = Watch {
+            resource: self.resource,
+            api: &api,
+            config: &config,
+            handler,
+        };
+        let mut backoff = WatchBackoff::default();
+        let mut streaming = true;
+        loop {
+            let mut listed = if streaming {
+                watch.stream_list().await
+            } else {
+                watch.page_list().await
+            };
+            if let Err(ListFailure::Refused(reason)) = &listed {
+                // An older server, one with the gate off, or one whose etcd
+                // cannot serve progress requests. Pages at once, and from
+                // now on: a refusal costs one request, once.
+                info!(
+                    resource = self.resource,
+                    %reason,
+                    "the API server does not serve streaming lists here; listing in pages"
+                );
+                streaming = false;
+                listed = watch.page_list().await;
+            }
+            let resource_version = match listed {
+                Ok((objects, resource_version)) => {
+                    handler.relisted(objects);
                     self.synced.send_replace(true);
+                    backoff.reset();
+                    resource_version
                 }
-                Ok(Event::Apply(obj)) => handler.applied(obj),
-                Ok(Event::Delete(obj)) => handler.deleted(obj),
-                Err(e) => {
-                    warn!(resource = self.resource, error = %e, "watch failed; retrying with backoff")
+                Err(failure) => {
+                    warn!(resource = self.resource, error = %failure, "list failed; retrying with backoff");
+                    tokio::time::sleep(backoff.next_pause()).await;
+                    continue;
+                }
+            };
+            watch.follow(resource_version, &mut backoff).await;
+        }
+    }
+}
+
+/// One watch's parts, for the steps of [`Informer::run_with`].
+struct Watch<'a, K, H> {
+    resource: &'static str,
+    api: &'a Api<K>,
+    config: &'a watcher::Config,
+    handler: &'a H,
+}
+
+impl<K, H> Watch<'_, K, H>
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    H: Handler<K>,
+{
+    /// A streaming list: one watch with `sendInitialEvents`, whose events
+    /// up to the bookmark marked as their end are the list.
+    async fn stream_list(&self) -> Result<(Vec<K>, String), ListFailure> {
+        let Watch {
+            api,
+            config,
+            handler,
+            ..
+        } = self;
+        let params = WatchParams {
+            label_selector: config.label_selector.clone(),
+            field_selector: config.field_selector.clone(),
+            // The server's bound on the whole stream; silence is bounded
+            // separately below. A stream cut by it counts as a refusal.
+            timeout: Some(INITIAL_EVENTS_TIMEOUT_SECS),
+            bookmarks: true,
+            send_initial_events: true,
+        };
+        // No resourceVersion: the list is as recent as a quorum read.
+        let stream = api
+            .watch(&params, "")
+            .await
+            .map_err(ListFailure::at_start)?;
+        let mut stream = std::pin::pin!(stream);
+        let mut objects = Vec::new();
+        loop {
+            match next_within(&mut stream, SILENT_STREAM_BOUND).await {
+                Next::Silent => return Err(ListFailure::Silent),
+                Next::Ended => {
+                    return Err(ListFailure::Refused(
+                        "the stream ended before its initial events did".into(),
+                    ));
+                }
+                Next::Event(WatchEvent::Added(obj) | WatchEvent::Modified(obj)) => {
+                    objects.extend(handler.admit(obj));
+                }
+                // Never sent before the end of the initial events.
+                Next::Event(WatchEvent::Deleted(_)) => {}
+                Next::Event(WatchEvent::Bookmark(mark)) => {
+                    if mark.metadata.annotations.contains_key(INITIAL_EVENTS_END) {
+                        return Ok((objects, mark.metadata.resource_version));
+                    }
+                }
+                Next::Event(WatchEvent::Error(status)) => {
+                    return Err(ListFailure::in_stream(*status));
+                }
+                Next::Failed(e) => return Err(ListFailure::Failed(e)),
+            }
+        }
+    }
+
+    /// A list in pages of `config.page_size`, each object admitted as its
+    /// page arrives.
+    async fn page_list(&self) -> Result<(Vec<K>, String), ListFailure> {
+        let Watch {
+            api,
+            config,
+            handler,
+            ..
+        } = self;
+        let mut params = ListParams {
+            label_selector: config.label_selector.clone(),
+            field_selector: config.field_selector.clone(),
+            limit: config.page_size,
+            ..ListParams::default()
+        };
+        let mut objects = Vec::new();
+        loop {
+            let page = api.list(&params).await.map_err(ListFailure::Failed)?;
+            objects.extend(page.items.into_iter().filter_map(|obj| handler.admit(obj)));
+            match page.metadata.continue_.filter(|token| !token.is_empty()) {
+                Some(token) => params.continue_token = Some(token),
+                None => {
+                    return page
+                        .metadata
+                        .resource_version
+                        .filter(|version| !version.is_empty())
+                        .map(|version| (objects, version))
+                        .ok_or(ListFailure::NoVersion);
                 }
             }
         }
+    }
+
+    /// Watches from `resource_version` on, re-watching from the last version
+    /// seen whenever a stream ends, fails or goes silent, until the server
+    /// no longer has that version (410 Gone): then the caller relists.
+    async fn follow(&self, mut resource_version: String, backoff: &mut WatchBackoff) {
+        let Watch {
+            api,
+            config,
+            handler,
+            ..
+        } = self;
+        let timeout = config.timeout.unwrap_or(WATCH_TIMEOUT_MIN_SECS);
+        let params = WatchParams {
+            label_selector: config.label_selector.clone(),
+            field_selector: config.field_selector.clone(),
+            timeout: Some(timeout),
+            bookmarks: true,
+            send_initial_events: false,
+        };
+        // A healthy stream ends by the server's timeout; one silent past it
+        // by the margin is dead (see `watch_config`).
+        let silent_after = Duration::from_secs(u64::from(timeout + WATCH_IDLE_MARGIN_SECS));
+        loop {
+            let stream = match api.watch(&params, &resource_version).await {
+                Ok(stream) => stream,
+                Err(e) if is_gone(&e) => return,
+                Err(e) => {
+                    warn!(resource = self.resource, error = %e, "watch failed; retrying with backoff");
+                    tokio::time::sleep(backoff.next_pause()).await;
+                    continue;
+                }
+            };
+            let mut stream = std::pin::pin!(stream);
+            let opened = Instant::now();
+            loop {
+                match next_within(&mut stream, silent_after).await {
+                    Next::Silent => {
+                        warn!(
+                            resource = self.resource,
+                            silent_s = silent_after.as_secs(),
+                            "watch stream silent past its timeout; re-watching"
+                        );
+                        break;
+                    }
+                    Next::Ended => {
+                        // Ended at once: a server or proxy refusing watches
+                        // without an error; do not hammer it.
+                        if opened.elapsed() < Duration::from_secs(1) {
+                            tokio::time::sleep(backoff.next_pause()).await;
+                        }
+                        break;
+                    }
+                    Next::Event(WatchEvent::Added(obj) | WatchEvent::Modified(obj)) => {
+                        note_version(&mut resource_version, &obj);
+                        backoff.reset();
+                        handler.applied(obj);
+                    }
+                    Next::Event(WatchEvent::Deleted(obj)) => {
+                        note_version(&mut resource_version, &obj);
+                        backoff.reset();
+                        handler.deleted(obj);
+                    }
+                    Next::Event(WatchEvent::Bookmark(mark)) => {
+                        resource_version = mark.metadata.resource_version;
+                        backoff.reset();
+                    }
+                    Next::Event(WatchEvent::Error(status)) if status.code == 410 => return,
+                    Next::Event(WatchEvent::Error(status)) => {
+                        warn!(
+                            resource = self.resource,
+                            code = status.code,
+                            error = %status.message,
+                            "watch ended with an error; re-watching with backoff"
+                        );
+                        tokio::time::sleep(backoff.next_pause()).await;
+                        break;
+                    }
+                    Next::Failed(e) => {
+                        warn!(resource = self.resource, error = %e, "watch failed; retrying with backoff");
+                        tokio::time::sleep(backoff.next_pause()).await;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The annotation of the bookmark that ends a streaming list's initial
+/// events.
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// The server's bound on a streaming list. Long enough for the largest
+/// cluster's initial events; the silence between events is bounded by
+/// [`SILENT_STREAM_BOUND`] instead. (A watch's usual 8–10 s would cut a
+/// long list and start it again from nothing, over and over.)
+const INITIAL_EVENTS_TIMEOUT_SECS: u32 = 290;
+
+/// Why a (re)list did not complete.
+#[derive(Debug, thiserror::Error)]
+enum ListFailure {
+    /// The server answered a streaming list with an error, or ended it
+    /// before its initial events did.
+    #[error("streaming list refused: {0}")]
+    Refused(String),
+    #[error("the stream was silent for {}s", SILENT_STREAM_BOUND.as_secs())]
+    Silent,
+    #[error("the list carried no resourceVersion")]
+    NoVersion,
+    #[error(transparent)]
+    Failed(kube::Error),
+}
+
+impl ListFailure {
+    /// A streaming list's request failed: an answer from the server is a
+    /// refusal (any error, as client-go takes it), anything else a failure
+    /// to reach it.
+    fn at_start(e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(status) => ListFailure::in_stream(*status),
+            e => ListFailure::Failed(e),
+        }
+    }
+
+    /// An error event in a streaming list (a server without the storage
+    /// support answers this way: 500, "the required storage feature
+    /// RequestWatchProgress is disabled").
+    fn in_stream(status: kube::core::Status) -> Self {
+        ListFailure::Refused(format!("{} ({})", status.message, status.code))
+    }
+}
+
+fn is_gone(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if status.code == 410)
+}
+
+fn note_version<K: kube::Resource>(resource_version: &mut String, obj: &K) {
+    if let Some(version) = obj
+        .meta()
+        .resource_version
+        .as_ref()
+        .filter(|v| !v.is_empty())
+    {
+        resource_version.clone_from(version);
+    }
+}
+
+/// The next item of a watch stream, or why there is none.
+enum Next<K> {
+    Event(WatchEvent<K>),
+    Failed(kube::Error),
+    Ended,
+    Silent,
+}
+
+async fn next_within<K>(
+    stream: &mut (impl Stream<Item = Result<WatchEvent<K>, kube::Error>> + Unpin),
+    silence: Duration,
+) -> Next<K> {
+    match tokio::time::timeout(silence, stream.next()).await {
+        Err(_) => Next::Silent,
+        Ok(None) => Next::Ended,
+        Ok(Some(Ok(event))) => Next::Event(event),
+        Ok(Some(Err(e))) => Next::Failed(e),
     }
 }
 
@@ -115,8 +402,8 @@ const WATCH_TIMEOUT_MIN_SECS: u32 = 8;
 /// Each watch draws its timeout from `MIN..=MIN + JITTER`, so the watches
 /// (and the replicas) do not all re-watch at the same moment.
 const WATCH_TIMEOUT_JITTER_SECS: u32 = 2;
-/// How long kube-runtime waits past the server-side timeout before it
-/// gives a silent stream up (its `WATCH_IDLE_TIMEOUT_MARGIN`).
+/// How long past the server-side timeout a stream may stay silent before
+/// it is given up as dead (kube-runtime's `WATCH_IDLE_TIMEOUT_MARGIN` too).
 const WATCH_IDLE_MARGIN_SECS: u32 = 5;
 /// The longest a silent stream goes unnoticed: the bound the liveness
 /// contract sets (kube-controller-manager 1.36 needs about 14 s).
@@ -126,10 +413,11 @@ const _: () = assert!(
     SILENT_STREAM_BOUND_SECS <= 15,
     "the liveness contract's bound"
 );
+const SILENT_STREAM_BOUND: Duration = Duration::from_secs(SILENT_STREAM_BOUND_SECS as u64);
 
 /// The configuration of one watch.
 ///
-/// Liveness: kube-runtime abandons a watch that delivers nothing, not even
+/// Liveness: [`Informer`] abandons a watch that delivers nothing, not even
 /// a bookmark, for its server-side timeout plus 5 s, and re-watches from
 /// the last resourceVersion it saw. A healthy stream always delivers or
 /// ends within the timeout (the API server closes it then), so a stream
@@ -173,18 +461,15 @@ impl Default for WatchBackoff {
     }
 }
 
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-    fn next(&mut self) -> Option<Duration> {
+impl WatchBackoff {
+    pub fn next_pause(&mut self) -> Duration {
         use rand::Rng;
         let pause = self.next.mul_f64(rand::rng().random_range(0.8..1.2));
         self.next = (self.next * 2).min(WATCH_BACKOFF_MAX);
-        Some(pause)
+        pause
     }
-}
 
-impl Backoff for WatchBackoff {
-    fn reset(&mut self) {
+    pub fn reset(&mut self) {
         self.next = WATCH_BACKOFF_MIN;
     }
 }
@@ -207,11 +492,231 @@ mod tests {
     #[test]
     fn backoff_doubles_to_its_cap_and_resets() {
         let mut b = WatchBackoff::default();
-        let pauses: Vec<Duration> = (&mut b).take(8).collect();
+        let pauses: Vec<Duration> = (0..8).map(|_| b.next_pause()).collect();
         assert!(pauses[0] >= Duration::from_millis(200) && pauses[0] <= Duration::from_millis(300));
         assert!(pauses.iter().all(|p| *p <= WATCH_BACKOFF_MAX.mul_f64(1.2)));
         assert!(pauses[7] >= WATCH_BACKOFF_MAX.mul_f64(0.8));
         b.reset();
-        assert!(b.next().unwrap() <= Duration::from_millis(300));
+        assert!(b.next_pause() <= Duration::from_millis(300));
+    }
+
+    /// Request-level tests of the watch loop against a mock API server.
+    mod over_the_wire {
+        use std::sync::{Arc, Mutex};
+
+        use std::convert::Infallible;
+
+        use http::{Request, Response};
+        use http_body_util::combinators::UnsyncBoxBody;
+        use http_body_util::{BodyExt, Full, StreamBody};
+        use hyper::body::{Bytes, Frame};
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::client::Body;
+        use serde_json::{Value, json};
+        use tower_test::mock;
+
+        use super::super::*;
+
+        /// Answers are whole bodies, or streams that go silent.
+        type Answer = UnsyncBoxBody<Bytes, Infallible>;
+        type MockHandle = mock::Handle<Request<Body>, Response<Answer>>;
+
+        /// What the handler was told, in order.
+        #[derive(Default)]
+        struct Recorded(Mutex<Vec<String>>);
+
+        impl Handler<ConfigMap> for Recorded {
+            fn admit(&self, obj: ConfigMap) -> Option<ConfigMap> {
+                // Drops "skip-*" objects, as the pod handler drops pods without claims.
+                (!obj
+                    .metadata
+                    .name
+                    .as_deref()
+                    .unwrap_or_default()
+                    .starts_with("skip-"))
+                .then_some(obj)
+            }
+            fn relisted(&self, objects: Vec<ConfigMap>) {
+                let names: Vec<String> = objects
+                    .into_iter()
+                    .map(|o| o.metadata.name.unwrap())
+                    .collect();
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(format!("relisted {}", names.join(",")));
+            }
+            fn applied(&self, obj: ConfigMap) {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(format!("applied {}", obj.metadata.name.unwrap()));
+            }
+            fn deleted(&self, obj: ConfigMap) {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(format!("deleted {}", obj.metadata.name.unwrap()));
+            }
+        }
+
+        fn config_map(name: &str, version: &str) -> Value {
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": name, "namespace": "ns", "resourceVersion": version}})
+        }
+
+        fn event(kind: &str, object: Value) -> String {
+            format!("{}\n", json!({"type": kind, "object": object}))
+        }
+
+        fn bookmark(version: &str, initial_end: bool) -> String {
+            let annotations = if initial_end {
+                json!({INITIAL_EVENTS_END: "true"})
+            } else {
+                json!({})
+            };
+            event(
+                "BOOKMARK",
+                json!({"apiVersion": "v1", "kind": "ConfigMap",
+                       "metadata": {"resourceVersion": version, "annotations": annotations}}),
+            )
+        }
+
+        /// Takes the next request, answers it with `body`, returns its query.
+        async fn answer(handle: &mut MockHandle, body: String) -> String {
+            let (request, send) = handle.next_request().await.expect("a request");
+            let query = request.uri().query().unwrap_or_default().to_string();
+            let body = Full::new(Bytes::from(body)).boxed_unsync();
+            send.send_response(Response::builder().status(200).body(body).unwrap());
+            query
+        }
+
+        fn start(recorded: Arc<Recorded>) -> (Arc<Informer>, MockHandle) {
+            let (service, handle) = mock::pair::<Request<Body>, Response<Answer>>();
+            let api: Api<ConfigMap> = Api::namespaced(kube::Client::new(service, "default"), "ns");
+            let informer = Arc::new(Informer::new("configmaps"));
+            let running = informer.clone();
+            tokio::spawn(async move { running.run(api, &*recorded).await });
+            (informer, handle)
+        }
+
+        fn has(query: &str, pair: &str) -> bool {
+            query.split('&').any(|p| p == pair)
+        }
+
+        #[tokio::test]
+        async fn the_first_list_is_streamed_and_watching_goes_on_from_its_bookmark() {
+            let recorded = Arc::new(Recorded::default());
+            let (informer, mut handle) = start(recorded.clone());
+
+            let initial = [
+                event("ADDED", config_map("a", "5")),
+                event("ADDED", config_map("skip-b", "6")),
+                bookmark("7", false),
+                event("ADDED", config_map("c", "8")),
+                bookmark("10", true),
+            ]
+            .concat();
+            let query = answer(&mut handle, initial).await;
+            assert!(has(&query, "watch=true"), "{query}");
+            assert!(has(&query, "sendInitialEvents=true"), "{query}");
+            assert!(has(&query, "resourceVersionMatch=NotOlderThan"), "{query}");
+            assert!(has(&query, "allowWatchBookmarks=true"), "{query}");
+            assert!(has(&query, "timeoutSeconds=290"), "{query}");
+
+            let query = answer(&mut handle, event("MODIFIED", config_map("a", "11"))).await;
+            assert!(informer.is_synced());
+            assert!(has(&query, "resourceVersion=10"), "{query}");
+            assert!(!query.contains("sendInitialEvents"), "{query}");
+            let timeout: u32 = query
+                .split('&')
+                .find_map(|p| p.strip_prefix("timeoutSeconds="))
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!((8..=10).contains(&timeout), "{query}");
+
+            let query = answer(&mut handle, event("DELETED", config_map("c", "12"))).await;
+            assert!(has(&query, "resourceVersion=11"), "{query}");
+            let query = answer(&mut handle, String::new()).await;
+            assert!(has(&query, "resourceVersion=12"), "{query}");
+            assert_eq!(
+                *recorded.0.lock().unwrap(),
+                ["relisted a,c", "applied a", "deleted c"]
+            );
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_refused_streaming_list_falls_back_to_pages_at_once_and_for_good() {
+            let recorded = Arc::new(Recorded::default());
+            let (informer, mut handle) = start(recorded.clone());
+
+            // What kube-apiserver 1.36 answers when its etcd cannot serve
+            // progress requests.
+            let refusal = event(
+                "ERROR",
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 500,
+                       "reason": "InternalError",
+                       "message": "a watch stream was requested by the client but the required storage feature RequestWatchProgress is disabled"}),
+            );
+            let query = answer(&mut handle, refusal).await;
+            assert!(has(&query, "sendInitialEvents=true"), "{query}");
+
+            let page = |items: Vec<Value>, continue_: &str, version: &str| {
+                json!({"apiVersion": "v1", "kind": "ConfigMapList", "items": items,
+                       "metadata": {"continue": continue_, "resourceVersion": version}})
+                .to_string()
+            };
+            let query = answer(&mut handle, page(vec![config_map("a", "3")], "next", "4")).await;
+            assert!(!query.contains("watch"), "a list: {query}");
+            assert!(has(&query, "limit=500"), "{query}");
+            let query = answer(&mut handle, page(vec![config_map("skip-b", "4")], "", "5")).await;
+            assert!(has(&query, "continue=next"), "{query}");
+
+            // The watch goes on from the list; a 410 relists, in pages.
+            let gone = event(
+                "ERROR",
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410,
+                       "reason": "Expired", "message": "too old resource version"}),
+            );
+            let query = answer(&mut handle, gone).await;
+            assert!(has(&query, "resourceVersion=5"), "{query}");
+            assert!(informer.is_synced());
+            let query = answer(&mut handle, page(vec![config_map("d", "9")], "", "9")).await;
+            assert!(
+                !query.contains("watch") && has(&query, "limit=500"),
+                "{query}"
+            );
+            let query = answer(&mut handle, String::new()).await;
+            assert!(has(&query, "resourceVersion=9"), "{query}");
+            assert_eq!(*recorded.0.lock().unwrap(), ["relisted a", "relisted d"]);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_silent_watch_is_replaced_from_the_last_version_seen() {
+            let recorded = Arc::new(Recorded::default());
+            let (_informer, mut handle) = start(recorded.clone());
+            answer(&mut handle, bookmark("3", true)).await;
+
+            // A stream that delivers one event and then nothing, with its
+            // connection open.
+            let (request, send) = handle.next_request().await.expect("a watch");
+            assert!(has(request.uri().query().unwrap(), "resourceVersion=3"));
+            let first = Frame::data(Bytes::from(event("ADDED", config_map("a", "4"))));
+            let silent = futures::stream::once(async { Ok::<_, Infallible>(first) })
+                .chain(futures::stream::pending());
+            let body = StreamBody::new(silent).boxed_unsync();
+            send.send_response(Response::builder().status(200).body(body).unwrap());
+            let opened = tokio::time::Instant::now();
+
+            let (request, _send) = handle.next_request().await.expect("a new watch");
+            let silent_for = opened.elapsed();
+            assert!(has(request.uri().query().unwrap(), "resourceVersion=4"));
+            assert!(
+                silent_for >= Duration::from_secs(13) && silent_for <= SILENT_STREAM_BOUND,
+                "{silent_for:?}"
+            );
+            assert_eq!(*recorded.0.lock().unwrap(), ["relisted ", "applied a"]);
+        }
     }
 }

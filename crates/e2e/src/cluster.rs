@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, anyhow, bail};
+use anyhow::{Context as _, anyhow, bail, ensure};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -270,6 +270,22 @@ impl Cluster {
         self.apiserver = self.apiserver.spawn_again()?;
         self.wait_apiserver_ready().await?;
         Ok(started.elapsed())
+    }
+
+    /// The etcd server's version (`3.6.13`, say), from its `/version`.
+    pub async fn etcd_version(&self) -> anyhow::Result<String> {
+        let url = self
+            .etcd
+            .flag("--listen-client-urls")
+            .context("etcd started without --listen-client-urls")?;
+        let addr: SocketAddr = url.trim_start_matches("http://").parse()?;
+        let (code, body) = rawhttp::get(addr, "/version").await?;
+        ensure!(code == 200, "etcd /version answered {code}: {body}");
+        let version: serde_json::Value = serde_json::from_str(&body)?;
+        version["etcdserver"]
+            .as_str()
+            .map(str::to_owned)
+            .with_context(|| format!("no etcdserver in {body}"))
     }
 
     /// SIGKILLs etcd, waits `downtime`, and starts it again on the same ports
@@ -650,5 +666,23 @@ impl Controller {
 
     pub async fn healthz(&self) -> anyhow::Result<u16> {
         Ok(rawhttp::get(self.health, "/healthz").await?.0)
+    }
+}
+
+/// Whether kube-apiserver serves streaming lists on an etcd of this version:
+/// it needs etcd's watch progress requests, fixed in 3.4.31 and 3.5.13
+/// (the API server's `RequestWatchProgress` storage feature).
+pub fn etcd_serves_progress_requests(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor, patch) = (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    );
+    match (major, minor) {
+        (3, 4) => patch >= 31,
+        (3, 5) => patch >= 13,
+        (3, m) => m >= 6,
+        (m, _) => m > 3,
     }
 }

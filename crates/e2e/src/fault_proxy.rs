@@ -191,6 +191,16 @@ struct State {
     /// the client between two of its writes.
     blocked: std::sync::Mutex<Option<(http::Method, String)>>,
     blocked_seen: AtomicU64,
+    /// Every list read, in order (a few per watch and relist).
+    lists: std::sync::Mutex<Vec<ListRead>>,
+}
+
+/// One list read the proxy forwarded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListRead {
+    /// A streaming list; otherwise a page.
+    pub streaming: bool,
+    pub path: String,
 }
 
 /// A running proxy; it stops when dropped.
@@ -242,6 +252,7 @@ impl FaultProxy {
             user_agents: Default::default(),
             blocked: Default::default(),
             blocked_seen: AtomicU64::new(0),
+            lists: Default::default(),
         });
         let accept = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(Self {
@@ -287,6 +298,11 @@ impl FaultProxy {
     /// How many requests were held by [`FaultProxy::block`].
     pub fn blocked_requests(&self) -> u64 {
         self.state.blocked_seen.load(Ordering::SeqCst)
+    }
+
+    /// The list reads forwarded so far, in order.
+    pub fn list_reads(&self) -> Vec<ListRead> {
+        self.state.lists.lock().unwrap().clone()
     }
 
     /// Turns fault injection on or off; requests are forwarded either way.
@@ -349,10 +365,25 @@ enum Verdict {
     GoneEvent,
 }
 
+fn has_query_pair(req: &Request<Incoming>, wanted: impl Fn(&str) -> bool) -> bool {
+    req.uri().query().is_some_and(|q| q.split('&').any(&wanted))
+}
+
+/// A request that reads a list: a streaming list (a watch asking for the
+/// initial events) or a page of one (a GET with `limit`).
+fn list_read(req: &Request<Incoming>, watch: bool) -> Option<ListRead> {
+    let streaming = watch && has_query_pair(req, |kv| kv == "sendInitialEvents=true");
+    let page = !watch
+        && req.method() == http::Method::GET
+        && has_query_pair(req, |kv| kv.starts_with("limit="));
+    (streaming || page).then(|| ListRead {
+        streaming,
+        path: req.uri().path().to_string(),
+    })
+}
+
 fn is_watch(req: &Request<Incoming>) -> bool {
-    req.uri()
-        .query()
-        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"))
+    has_query_pair(req, |kv| kv == "watch=true" || kv == "watch=1")
 }
 
 fn decide(state: &State, method: &http::Method, path: &str, watch: bool) -> Verdict {
@@ -497,6 +528,9 @@ async fn handle(
     counts.requests.fetch_add(1, Ordering::Relaxed);
     if watch {
         counts.watches.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Some(read) = list_read(&req, watch) {
+        state.lists.lock().unwrap().push(read);
     }
     let lags = state.plan.watch_lag_only.is_empty()
         || state
