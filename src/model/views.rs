@@ -770,6 +770,8 @@ impl crate::runtime::store::HasUid for PodGroupView {
     }
 }
 
+mod protobuf;
+
 #[cfg(test)]
 mod tests {
     use super::*;

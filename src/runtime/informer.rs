@@ -11,6 +11,8 @@
 //! failed watch is retried within seconds.
 
 use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -20,6 +22,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
+
+use super::protobuf::{self, EventStream, FromProtobuf};
 
 /// What a watch's events do.
 pub trait Handler<K>: Send + Sync {
@@ -90,11 +94,39 @@ impl Informer {
     where
         K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     {
+        self.run_watch(api, config, handler, None).await
+    }
+
+    /// As [`Informer::run`], with the watches in protobuf (see
+    /// [`protobuf`]), which the API server encodes several times faster
+    /// than JSON. Lists in pages (the fallback where streaming lists are
+    /// refused) stay JSON. A stream that does not decode, or a server that
+    /// answers in JSON, turns protobuf off for this watch, for good.
+    pub async fn run_protobuf<K>(&self, api: Api<K>, handler: &impl Handler<K>)
+    where
+        K: kube::Resource + Clone + DeserializeOwned + FromProtobuf + Debug + Send + 'static,
+    {
+        self.run_watch(api, watch_config(), handler, Some(protobuf::events::<K>))
+            .await
+    }
+
+    async fn run_watch<K>(
+        &self,
+        api: Api<K>,
+        config: watcher::Config,
+        handler: &impl Handler<K>,
+        protobuf_events: Option<fn(kube::client::Body) -> EventStream<K>>,
+    ) where
+        K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    {
         let watch = Watch {
             resource: self.resource,
             api: &api,
+            client: api.clone().into(),
             config: &config,
             handler,
+            protobuf_events,
+            protobuf_off: Arc::new(AtomicBool::new(false)),
         };
         let mut backoff = WatchBackoff::default();
         let mut streaming = true;
@@ -138,8 +170,13 @@ impl Informer {
 struct Watch<'a, K, H> {
     resource: &'static str,
     api: &'a Api<K>,
+    client: kube::Client,
     config: &'a watcher::Config,
     handler: &'a H,
+    /// Decodes a protobuf watch answer, for views that read protobuf.
+    protobuf_events: Option<fn(kube::client::Body) -> EventStream<K>>,
+    /// Set once a protobuf answer did not decode or came back as JSON.
+    protobuf_off: Arc<AtomicBool>,
 }
 
 impl<K, H> Watch<'_, K, H>
@@ -147,14 +184,64 @@ where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     H: Handler<K>,
 {
+    /// Starts a watch: in protobuf where this view reads it and it has not
+    /// failed, otherwise through kube-rs in JSON.
+    async fn open(
+        &self,
+        params: &WatchParams,
+        resource_version: &str,
+    ) -> Result<EventStream<K>, kube::Error> {
+        let protobuf_events = self
+            .protobuf_events
+            .filter(|_| !self.protobuf_off.load(Ordering::Relaxed));
+        let Some(decode) = protobuf_events else {
+            return Ok(self.api.watch(params, resource_version).await?.boxed());
+        };
+        let request = kube::core::Request::new(self.api.resource_url())
+            .watch(params, resource_version)
+            .map_err(kube::Error::BuildRequest)?;
+        let (mut parts, body) = request.into_parts();
+        parts.headers.insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static(protobuf::ACCEPT),
+        );
+        let response = self
+            .client
+            .send(http::Request::from_parts(
+                parts,
+                kube::client::Body::from(body),
+            ))
+            .await?;
+        if !response.status().is_success() {
+            return Err(protobuf::error_answer(response).await);
+        }
+        if !protobuf::is_protobuf(&response) {
+            warn!(
+                resource = self.resource,
+                "the API server answered a protobuf watch in JSON; watching in JSON"
+            );
+            self.protobuf_off.store(true, Ordering::Relaxed);
+            return Ok(self.api.watch(params, resource_version).await?.boxed());
+        }
+        let off = self.protobuf_off.clone();
+        let resource = self.resource;
+        Ok(decode(response.into_body())
+            .inspect(move |event| {
+                if let Err(kube::Error::ReadEvents(e)) = event
+                    && e.kind() == std::io::ErrorKind::InvalidData
+                    && !off.swap(true, Ordering::Relaxed)
+                {
+                    warn!(resource, error = %e, "a protobuf watch did not decode; watching in JSON from now on");
+                }
+            })
+            .boxed())
+    }
+
     /// A streaming list: one watch with `sendInitialEvents`, whose events
     /// up to the bookmark marked as their end are the list.
     async fn stream_list(&self) -> Result<(Vec<K>, String), ListFailure> {
         let Watch {
-            api,
-            config,
-            handler,
-            ..
+            config, handler, ..
         } = self;
         let params = WatchParams {
             label_selector: config.label_selector.clone(),
@@ -166,11 +253,10 @@ where
             send_initial_events: true,
         };
         // No resourceVersion: the list is as recent as a quorum read.
-        let stream = api
-            .watch(&params, "")
+        let mut stream = self
+            .open(&params, "")
             .await
             .map_err(ListFailure::at_start)?;
-        let mut stream = std::pin::pin!(stream);
         let mut objects = Vec::new();
         loop {
             match next_within(&mut stream, SILENT_STREAM_BOUND).await {
@@ -236,10 +322,7 @@ where
     /// no longer has that version (410 Gone): then the caller relists.
     async fn follow(&self, mut resource_version: String, backoff: &mut WatchBackoff) {
         let Watch {
-            api,
-            config,
-            handler,
-            ..
+            config, handler, ..
         } = self;
         let timeout = config.timeout.unwrap_or(WATCH_TIMEOUT_MIN_SECS);
         let params = WatchParams {
@@ -253,7 +336,7 @@ where
         // by the margin is dead (see `watch_config`).
         let silent_after = Duration::from_secs(u64::from(timeout + WATCH_IDLE_MARGIN_SECS));
         loop {
-            let stream = match api.watch(&params, &resource_version).await {
+            let mut stream = match self.open(&params, &resource_version).await {
                 Ok(stream) => stream,
                 Err(e) if is_gone(&e) => return,
                 Err(e) => {
@@ -262,7 +345,6 @@ where
                     continue;
                 }
             };
-            let mut stream = std::pin::pin!(stream);
             let opened = Instant::now();
             loop {
                 match next_within(&mut stream, silent_after).await {

@@ -1,6 +1,7 @@
 //! The controller runtime: what any Kubernetes controller of ours needs,
 //! knowing no DRA type. Client and request budget ([`client`]), watches
-//! ([`informer`]) feeding indexed stores ([`store`]), errors that decide
+//! ([`informer`], in protobuf where a view reads it: [`protobuf`]) feeding
+//! indexed stores ([`store`]), errors that decide
 //! retries ([`error`]), Warning events ([`events`]), holding work through
 //! an API server outage ([`reachability`]), Lease election ([`leader`]),
 //! and the HTTP endpoints with their exposition ([`http`], [`exposition`]),
@@ -15,6 +16,7 @@ pub mod http;
 pub mod informer;
 pub mod leader;
 pub mod priority;
+pub mod protobuf;
 pub mod reachability;
 pub mod resource;
 pub mod store;

@@ -1,6 +1,17 @@
 //! How the controller reads its first lists: streaming lists where the API
 //! server serves them (one request per resource, no whole list held at
-//! once on either side), pages where it does not, and ready either way.
+//! once on either side), pages where it does not, and ready either way;
+//! pods in protobuf, read exactly as from JSON.
+
+use std::collections::BTreeMap;
+
+use dra_claim_controller::model::views::PodView;
+use dra_claim_controller::naming::WATERMARK_LABEL;
+use dra_claim_controller::runtime::protobuf;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent};
+use serde_json::json;
 
 use crate::cluster::{ControllerOpts, etcd_serves_progress_requests};
 use crate::ctx::TestCtx;
@@ -58,5 +69,139 @@ async fn first_lists_stream_where_the_server_serves_them() {
             );
         }
     }
+    t.finish();
+}
+
+/// The pod view read from the API server's protobuf equals the one read
+/// from its JSON, field for field, for pods that fill every field the
+/// view keeps: claim entries of both kinds, claim statuses, the node, the
+/// scheduled condition, terminated and running containers, labels kept
+/// and dropped, a deletion in progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_read_from_protobuf_equal_pods_read_from_json() {
+    const NAME: &str = "pods_read_from_protobuf_equal_pods_read_from_json";
+    // No controller: nothing may change the pods between the two reads.
+    let Some(t) = TestCtx::isolated(NAME, ControllerOpts::default(), 0).await else {
+        return;
+    };
+    let pods = t.pods();
+    let mut finished = crate::k8s::pod_manifest(
+        "finished",
+        &[
+            ("gpu", Source::Template("gpu-template")),
+            ("shared", Source::Claim("shared-claim")),
+        ],
+        Some("node-1"),
+    );
+    finished["metadata"]["labels"] = json!({WATERMARK_LABEL: "wm-1", "app": "dropped"});
+    let mut held =
+        crate::k8s::pod_manifest("held", &[("gpu", Source::Template("gpu-template"))], None);
+    held["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    for manifest in [finished, held, crate::k8s::pod_manifest("plain", &[], None)] {
+        let pod: Pod = serde_json::from_value(manifest).unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    let container = |state: serde_json::Value| {
+        json!([{"name": "main", "image": "registry.invalid/pause:1", "imageID": "", "ready": false,
+                "restartCount": 0, "state": state}])
+    };
+    let terminated = json!({"terminated": {"exitCode": 0, "startedAt": "2026-11-25T10:00:00Z",
+                                           "finishedAt": "2026-11-25T10:05:07Z"}});
+    let statuses = [
+        (
+            "finished",
+            json!({"phase": "Succeeded",
+                   "conditions": [{"type": "Ready", "status": "False"}, {"type": "PodScheduled", "status": "True"}],
+                   "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "finished-gpu-x7k2p"}],
+                   "containerStatuses": container(terminated)}),
+        ),
+        (
+            "held",
+            json!({"phase": "Running", "containerStatuses": container(json!({"running": {"startedAt": "2026-11-25T10:00:00Z"}}))}),
+        ),
+    ];
+    for (name, status) in statuses {
+        pods.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .unwrap();
+    }
+    pods.delete("held", &DeleteParams::default()).await.unwrap();
+
+    let as_json: BTreeMap<String, PodView> = Api::<PodView>::namespaced(t.client.clone(), &t.ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|p| (p.metadata.name.clone().unwrap(), p))
+        .collect();
+
+    let request = http::Request::get(format!(
+        "/api/v1/namespaces/{}/pods?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan\
+         &allowWatchBookmarks=true&timeoutSeconds=30",
+        t.ns
+    ))
+    .header(http::header::ACCEPT, protobuf::ACCEPT)
+    .body(kube::client::Body::empty())
+    .unwrap();
+    let response = t.client.send(request).await.unwrap();
+    assert!(
+        protobuf::is_protobuf(&response),
+        "answered in {:?}",
+        response.headers()
+    );
+    let mut events = protobuf::events::<PodView>(response.into_body());
+    let mut as_protobuf = BTreeMap::new();
+    while let Some(event) = events.next().await {
+        match event.unwrap() {
+            WatchEvent::Added(pod) => {
+                as_protobuf.insert(pod.metadata.name.clone().unwrap(), pod);
+            }
+            WatchEvent::Bookmark(mark)
+                if mark
+                    .metadata
+                    .annotations
+                    .contains_key("k8s.io/initial-events-end") =>
+            {
+                break;
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+
+    assert_eq!(as_json.len(), 3);
+    assert_eq!(
+        format!("{as_protobuf:#?}"),
+        format!("{as_json:#?}"),
+        "the same pods read from protobuf and from JSON"
+    );
+    // The comparison covers real values, not two empty views.
+    let finished = &as_protobuf["finished"];
+    assert_eq!(finished.spec.node_name.as_deref(), Some("node-1"));
+    assert_eq!(finished.spec.resource_claims.len(), 2);
+    assert_eq!(finished.status.resource_claim_statuses.len(), 1);
+    assert!(finished.status.scheduled);
+    assert!(finished.status.containers_finished_at.is_some());
+    assert_eq!(
+        finished.metadata.labels,
+        Some([(WATERMARK_LABEL.to_string(), "wm-1".to_string())].into())
+    );
+    let held = &as_protobuf["held"];
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert!(held.status.containers_finished_at.is_none());
+    assert_eq!(held.status.phase.as_deref(), Some("Running"));
+
+    // Let the held pod go, so the namespace can.
+    pods.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
     t.finish();
 }

@@ -187,7 +187,8 @@ impl Controller {
             }
         };
         tokio::join!(
-            this.pods.run(Api::<PodView>::all(client.clone()), this),
+            this.pods
+                .run_protobuf(Api::<PodView>::all(client.clone()), this),
             this.claims.run(Api::<ClaimView>::all(client.clone()), this),
             this.templates
                 .run(Api::<TemplateView>::all(client.clone()), this),

@@ -1,0 +1,185 @@
+//! [`PodView`] read from a pod's protobuf bytes, keeping what the JSON path
+//! keeps and nothing more: the same fields, the same slimming (one label,
+//! the `PodScheduled` flag, the containers' last finish), and the JSON
+//! path's notion of absent (an empty string, which protobuf writes for
+//! every unset string, reads as absent, as JSON's omitted field does).
+//! Field numbers are those of `k8s.io/api/core/v1/generated.proto` and
+//! `k8s.io/apimachinery/pkg/apis/meta/v1/generated.proto`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{PodResourceClaim, PodResourceClaimStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+use super::{
+    ANNOTATION_VALUE_MAX, ExtendedClaimRef, POD_LABELS_READ, PodView, PodViewSpec, PodViewStatus,
+    SchedulingGroupRef,
+};
+use crate::runtime::protobuf::{FromProtobuf, Value, WireError, fields, map_entry, time};
+
+impl FromProtobuf for PodView {
+    /// `Pod`: metadata 1, spec 2, status 3.
+    fn from_protobuf(raw: &[u8]) -> Result<Self, WireError> {
+        let mut pod = PodView::default();
+        for field in fields(raw) {
+            match field? {
+                (1, v) => pod.metadata = pod_meta(v.bytes()?)?,
+                (2, v) => pod.spec = pod_spec(v.bytes()?)?,
+                (3, v) => pod.status = pod_status(v.bytes()?)?,
+                _ => {}
+            }
+        }
+        Ok(pod)
+    }
+}
+
+/// An optional string: empty is absent.
+fn non_empty(v: Value<'_>) -> Result<Option<String>, WireError> {
+    let s = v.string()?;
+    Ok((!s.is_empty()).then_some(s))
+}
+
+/// `ObjectMeta`: name 1, namespace 3, uid 5, resourceVersion 6,
+/// deletionTimestamp 9, labels 11.
+fn pod_meta(raw: &[u8]) -> Result<ObjectMeta, WireError> {
+    let mut meta = ObjectMeta::default();
+    let mut labels = BTreeMap::new();
+    for field in fields(raw) {
+        match field? {
+            (1, v) => meta.name = non_empty(v)?,
+            (3, v) => meta.namespace = non_empty(v)?,
+            (5, v) => meta.uid = non_empty(v)?,
+            (6, v) => meta.resource_version = non_empty(v)?,
+            (9, v) => meta.deletion_timestamp = Some(time(v.bytes()?)?),
+            (11, v) => {
+                let (key, value) = map_entry(v.bytes()?)?;
+                let key = key.bytes()?;
+                let read = POD_LABELS_READ.iter().find(|k| k.as_bytes() == key);
+                if let Some(read) = read
+                    && value.bytes()?.len() <= ANNOTATION_VALUE_MAX
+                {
+                    labels.insert((*read).to_owned(), value.string()?);
+                }
+            }
+            _ => {}
+        }
+    }
+    meta.labels = (!labels.is_empty()).then_some(labels);
+    Ok(meta)
+}
+
+/// `PodSpec`: nodeName 10, resourceClaims 39, schedulingGroup 43.
+fn pod_spec(raw: &[u8]) -> Result<PodViewSpec, WireError> {
+    let mut spec = PodViewSpec::default();
+    for field in fields(raw) {
+        match field? {
+            (10, v) => spec.node_name = non_empty(v)?,
+            (39, v) => spec.resource_claims.push(resource_claim(v.bytes()?)?),
+            (43, v) => {
+                let mut group = SchedulingGroupRef::default();
+                for field in fields(v.bytes()?) {
+                    if let (1, v) = field? {
+                        group.pod_group_name = non_empty(v)?;
+                    }
+                }
+                spec.scheduling_group = Some(group);
+            }
+            _ => {}
+        }
+    }
+    Ok(spec)
+}
+
+/// `PodResourceClaim`: name 1, resourceClaimName 3,
+/// resourceClaimTemplateName 4.
+fn resource_claim(raw: &[u8]) -> Result<PodResourceClaim, WireError> {
+    let mut claim = PodResourceClaim::default();
+    for field in fields(raw) {
+        match field? {
+            (1, v) => claim.name = v.string()?,
+            (3, v) => claim.resource_claim_name = non_empty(v)?,
+            (4, v) => claim.resource_claim_template_name = non_empty(v)?,
+            _ => {}
+        }
+    }
+    Ok(claim)
+}
+
+/// `PodStatus`: phase 1, conditions 2, containerStatuses 8,
+/// resourceClaimStatuses 15, extendedResourceClaimStatus 18.
+fn pod_status(raw: &[u8]) -> Result<PodViewStatus, WireError> {
+    let mut status = PodViewStatus::default();
+    // As the JSON path: every container terminated, the latest finish.
+    let (mut containers, mut finished, mut latest) = (0usize, 0usize, None::<Time>);
+    for field in fields(raw) {
+        match field? {
+            (1, v) => status.phase = non_empty(v)?,
+            (2, v) => status.scheduled |= is_scheduled_condition(v.bytes()?)?,
+            (8, v) => {
+                containers += 1;
+                if let Some(at) = container_finished_at(v.bytes()?)? {
+                    finished += 1;
+                    if latest.as_ref().is_none_or(|l| l.0 < at.0) {
+                        latest = Some(at);
+                    }
+                }
+            }
+            (15, v) => {
+                let mut entry = PodResourceClaimStatus::default();
+                for field in fields(v.bytes()?) {
+                    match field? {
+                        (1, v) => entry.name = v.string()?,
+                        (2, v) => entry.resource_claim_name = non_empty(v)?,
+                        _ => {}
+                    }
+                }
+                status.resource_claim_statuses.push(entry);
+            }
+            (18, v) => {
+                let mut extended = ExtendedClaimRef::default();
+                for field in fields(v.bytes()?) {
+                    if let (2, v) = field? {
+                        extended.resource_claim_name = v.string()?;
+                    }
+                }
+                status.extended_resource_claim_status = Some(extended);
+            }
+            _ => {}
+        }
+    }
+    status.containers_finished_at = latest.filter(|_| finished == containers);
+    Ok(status)
+}
+
+/// `PodCondition` (type 1, status 2) is `PodScheduled=True`.
+fn is_scheduled_condition(raw: &[u8]) -> Result<bool, WireError> {
+    let (mut type_, mut status) = (String::new(), String::new());
+    for field in fields(raw) {
+        match field? {
+            (1, v) => type_ = v.string()?,
+            (2, v) => status = v.string()?,
+            _ => {}
+        }
+    }
+    Ok(type_ == "PodScheduled" && status == "True")
+}
+
+/// `ContainerStatus.state` 2 → `ContainerState.terminated` 3 →
+/// `ContainerStateTerminated.finishedAt` 6.
+fn container_finished_at(raw: &[u8]) -> Result<Option<Time>, WireError> {
+    let mut finished_at = None;
+    for field in fields(raw) {
+        if let (2, state) = field? {
+            for field in fields(state.bytes()?) {
+                if let (3, terminated) = field? {
+                    for field in fields(terminated.bytes()?) {
+                        if let (6, at) = field? {
+                            finished_at = Some(time(at.bytes()?)?);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(finished_at)
+}
