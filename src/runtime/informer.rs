@@ -243,15 +243,9 @@ where
         let Watch {
             config, handler, ..
         } = self;
-        let params = WatchParams {
-            label_selector: config.label_selector.clone(),
-            field_selector: config.field_selector.clone(),
-            // The server's bound on the whole stream; silence is bounded
-            // separately below. A stream cut by it counts as a refusal.
-            timeout: Some(INITIAL_EVENTS_TIMEOUT_SECS),
-            bookmarks: true,
-            send_initial_events: true,
-        };
+        // The server's bound on the whole stream; silence is bounded
+        // separately below. A stream cut by it counts as a refusal.
+        let params = watch_params(config, INITIAL_EVENTS_TIMEOUT_SECS, true);
         // No resourceVersion: the list is as recent as a quorum read.
         let mut stream = self
             .open(&params, "")
@@ -325,13 +319,7 @@ where
             config, handler, ..
         } = self;
         let timeout = config.timeout.unwrap_or(WATCH_TIMEOUT_MIN_SECS);
-        let params = WatchParams {
-            label_selector: config.label_selector.clone(),
-            field_selector: config.field_selector.clone(),
-            timeout: Some(timeout),
-            bookmarks: true,
-            send_initial_events: false,
-        };
+        let params = watch_params(config, timeout, false);
         // A healthy stream ends by the server's timeout; one silent past it
         // by the margin is dead (see `watch_config`).
         let silent_after = Duration::from_secs(u64::from(timeout + WATCH_IDLE_MARGIN_SECS));
@@ -441,6 +429,18 @@ impl ListFailure {
     /// RequestWatchProgress is disabled").
     fn in_stream(status: kube::core::Status) -> Self {
         ListFailure::Refused(format!("{} ({})", status.message, status.code))
+    }
+}
+
+/// A watch request of `config` (its selectors), with bookmarks, ended by
+/// the server after `timeout` seconds; `initial_events`: a streaming list.
+fn watch_params(config: &watcher::Config, timeout: u32, initial_events: bool) -> WatchParams {
+    WatchParams {
+        label_selector: config.label_selector.clone(),
+        field_selector: config.field_selector.clone(),
+        timeout: Some(timeout),
+        bookmarks: true,
+        send_initial_events: initial_events,
     }
 }
 

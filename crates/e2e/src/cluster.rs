@@ -272,14 +272,18 @@ impl Cluster {
         Ok(started.elapsed())
     }
 
-    /// The etcd server's version (`3.6.13`, say), from its `/version`.
-    pub async fn etcd_version(&self) -> anyhow::Result<String> {
+    /// Where etcd serves its clients.
+    fn etcd_addr(&self) -> anyhow::Result<SocketAddr> {
         let url = self
             .etcd
             .flag("--listen-client-urls")
             .context("etcd started without --listen-client-urls")?;
-        let addr: SocketAddr = url.trim_start_matches("http://").parse()?;
-        let (code, body) = rawhttp::get(addr, "/version").await?;
+        Ok(url.trim_start_matches("http://").parse()?)
+    }
+
+    /// The etcd server's version (`3.6.13`, say), from its `/version`.
+    pub async fn etcd_version(&self) -> anyhow::Result<String> {
+        let (code, body) = rawhttp::get(self.etcd_addr()?, "/version").await?;
         ensure!(code == 200, "etcd /version answered {code}: {body}");
         let version: serde_json::Value = serde_json::from_str(&body)?;
         version["etcdserver"]
@@ -292,12 +296,7 @@ impl Cluster {
     /// and data directory; returns once the API server is ready again.
     pub async fn restart_etcd(&mut self, downtime: Duration) -> anyhow::Result<Duration> {
         let started = Instant::now();
-        let url = self
-            .etcd
-            .flag("--listen-client-urls")
-            .context("etcd started without --listen-client-urls")?
-            .to_string();
-        let addr: SocketAddr = url.trim_start_matches("http://").parse()?;
+        let addr = self.etcd_addr()?;
         self.etcd.kill();
         tokio::time::sleep(downtime).await;
         self.etcd = self.etcd.spawn_again()?;
