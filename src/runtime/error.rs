@@ -77,18 +77,22 @@ pub fn reached(err: &kube::Error) -> Reached {
     }
 }
 
-/// Whether a 422 reports a JSON Patch `test` operation that failed. The
-/// API server answers those with a bare 422 (no kind, no field causes) that
-/// carries the patch library's message ("testing value /x failed"), while a
-/// validation failure names the kind and the invalid fields.
+/// Whether a 422 reports a JSON Patch that could not be applied: a `test`
+/// operation that failed, or a path the object no longer has. The API
+/// server answers those with a bare 422: reason Invalid, the generic
+/// message, no kind and no causes (the patch library's own words are
+/// dropped). A validation failure names the kind and the invalid fields,
+/// and a patch that does not decode names the field `patch`.
 fn is_failed_patch_test(status: &kube::core::Status) -> bool {
+    const GENERIC_422: &str = "the server rejected our request due to an error in our request";
     let mentions_test = |text: &str| text.contains("testing value") || text.contains("test failed");
-    mentions_test(&status.message)
-        || status
-            .details
-            .iter()
-            .flat_map(|d| d.causes.iter())
-            .any(|c| mentions_test(&c.message))
+    let details = status.details.as_ref();
+    let names_kind = details.is_some_and(|d| !d.kind.is_empty());
+    let causes = details.map(|d| d.causes.as_slice()).unwrap_or_default();
+    if causes.iter().any(|c| mentions_test(&c.message)) || mentions_test(&status.message) {
+        return true;
+    }
+    status.message == GENERIC_422 && !names_kind && causes.is_empty()
 }
 
 impl SyncError {
@@ -145,6 +149,20 @@ mod tests {
                     "details": {"causes": [{"reason": "UnexpectedServerResponse",
                         "message": "testing value /metadata/resourceVersion failed: test failed"}]}})),
                 Reached::Conflict,
+            ),
+            // What kube-apiserver 1.36 really answers for a failed `test`.
+            (
+                status(json!({"code": 422, "reason": "Invalid",
+                    "message": "the server rejected our request due to an error in our request",
+                    "details": {}})),
+                Reached::Conflict,
+            ),
+            // A patch that decodes but leaves an object that does not.
+            (
+                status(json!({"code": 422, "reason": "Invalid",
+                    "message": " \"\" is invalid: patch: Invalid value: \"{}\": json: cannot unmarshal",
+                    "details": {"causes": [{"reason": "FieldValueInvalid", "field": "patch"}]}})),
+                Reached::Invalid,
             ),
             (
                 status(json!({"code": 422, "reason": "Invalid",

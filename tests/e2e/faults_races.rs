@@ -332,3 +332,64 @@ async fn scheduler_races_controller_on_reserved_for() {
     assert!(report.ok(), "{report}");
     t.finish();
 }
+
+/// Someone writes the claim (an annotation) after the controller cleared
+/// its reservations and allocation but before its finalizer write lands:
+/// the guarded finalizer removal fails, and the controller must still
+/// release the claim. A later decision cannot see that the removal is owed
+/// (an unused, unallocated claim with the finalizer is also what the
+/// scheduler leaves between its two allocation writes), so the removal is
+/// finished on a fresh read within the same sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalizer_removal_survives_a_write_between_status_and_metadata() {
+    const NAME: &str = "finalizer_removal_survives_a_write_between_status_and_metadata";
+    let Some(mut t) = TestCtx::isolated(NAME, ControllerOpts::default(), 0).await else {
+        return;
+    };
+    let proxy = crate::faults_api::controller_behind_proxy(
+        &mut t,
+        crate::fault_proxy::FaultPlan::default(),
+    )
+    .await;
+    let plain = t.create_pod("plain", &[], None).await;
+    t.set_pod_phase("plain", "Succeeded").await;
+    t.create_claim(json!({"name": CLAIM})).await;
+    proxy.delay(http::Method::PATCH, &format!("/resourceclaims/{CLAIM}"));
+    t.allocate(CLAIM, json!([pod_ref(&plain)])).await;
+
+    wait_for(
+        "the status cleared and the finalizer write held",
+        CONVERGE,
+        async || {
+            let c = t.claims().get(CLAIM).await?;
+            ensure!(reserved_names(&c).is_empty(), "still reserved");
+            ensure!(!is_allocated(&c), "still allocated");
+            ensure!(proxy.delayed_requests() > 0, "finalizer write not sent yet");
+            Ok(())
+        },
+    )
+    .await;
+    t.claims()
+        .patch(
+            CLAIM,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"touched": "yes"}}})),
+        )
+        .await
+        .expect("touch the claim");
+    proxy.release_delayed();
+
+    let claim = wait_for("the claim released", CONVERGE, async || {
+        let c = t.claims().get(CLAIM).await?;
+        ensure_released(&c)?;
+        Ok(c)
+    })
+    .await;
+    let annotations = claim.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get("touched").map(String::as_str),
+        Some("yes"),
+        "the other writer's annotation is kept"
+    );
+    t.finish();
+}

@@ -49,10 +49,7 @@ async fn running_pod_keeps_extended_claim_when_status_drops_it() {
             &claim.metadata.resource_version.unwrap_or_default(),
         )
         .await;
-    assert!(
-        reserved_names(&last).is_empty() && !is_allocated(&last),
-        "deleted without being released first"
-    );
+    assert_cleanly_deleted(&last, &["pods/ext"]);
     t.finish();
 }
 

@@ -191,6 +191,13 @@ struct State {
     /// the client between two of its writes.
     blocked: std::sync::Mutex<Option<(http::Method, String)>>,
     blocked_seen: AtomicU64,
+    /// Requests (method, path substring) held until the test releases them,
+    /// then forwarded: a write that reaches the server late, so a test can
+    /// change the object between a client's read and its write.
+    delayed: std::sync::Mutex<Option<(http::Method, String)>>,
+    delayed_seen: AtomicU64,
+    /// Opened by [`FaultProxy::release_delayed`].
+    delay_released: tokio::sync::watch::Sender<bool>,
     /// Every list read, in order (a few per watch and relist).
     lists: std::sync::Mutex<Vec<ListRead>>,
 }
@@ -252,6 +259,9 @@ impl FaultProxy {
             user_agents: Default::default(),
             blocked: Default::default(),
             blocked_seen: AtomicU64::new(0),
+            delayed: Default::default(),
+            delayed_seen: AtomicU64::new(0),
+            delay_released: tokio::sync::watch::Sender::new(false),
             lists: Default::default(),
         });
         let accept = tokio::spawn(accept_loop(listener, state.clone()));
@@ -298,6 +308,26 @@ impl FaultProxy {
     /// How many requests were held by [`FaultProxy::block`].
     pub fn blocked_requests(&self) -> u64 {
         self.state.blocked_seen.load(Ordering::SeqCst)
+    }
+
+    /// From now on, `method` requests whose path ends with `path` are held
+    /// until [`FaultProxy::release_delayed`], then forwarded as sent (the
+    /// end, so that `/resourceclaims/c` holds the claim's metadata writes
+    /// and lets its `/status` writes through).
+    pub fn delay(&self, method: http::Method, path: &str) {
+        self.state.delay_released.send_replace(false);
+        *self.state.delayed.lock().unwrap() = Some((method, path.to_string()));
+    }
+
+    /// Forwards the requests held by [`FaultProxy::delay`] and stops holding.
+    pub fn release_delayed(&self) {
+        *self.state.delayed.lock().unwrap() = None;
+        self.state.delay_released.send_replace(true);
+    }
+
+    /// How many requests [`FaultProxy::delay`] held.
+    pub fn delayed_requests(&self) -> u64 {
+        self.state.delayed_seen.load(Ordering::SeqCst)
     }
 
     /// The list reads forwarded so far, in order.
@@ -361,6 +391,8 @@ enum Verdict {
     ForwardThenFail(StatusCode),
     Status(StatusCode, &'static str),
     Hold(Duration),
+    /// Held until the test releases it, then forwarded.
+    Delay,
     LateStatus(Duration, StatusCode, &'static str),
     GoneEvent,
 }
@@ -386,16 +418,28 @@ fn is_watch(req: &Request<Incoming>) -> bool {
     has_query_pair(req, |kv| kv == "watch=true" || kv == "watch=1")
 }
 
-fn decide(state: &State, method: &http::Method, path: &str, watch: bool) -> Verdict {
-    let blocked = state
-        .blocked
-        .lock()
+/// Whether a request (never a watch) falls under a test's hold: same
+/// method, and a path `fits` the one the test named.
+fn held_by(
+    slot: &std::sync::Mutex<Option<(http::Method, String)>>,
+    method: &http::Method,
+    path: &str,
+    fits: fn(&str, &str) -> bool,
+) -> bool {
+    slot.lock()
         .unwrap()
         .as_ref()
-        .is_some_and(|(m, p)| m == method && path.contains(p.as_str()));
-    if blocked && !watch {
+        .is_some_and(|(m, p)| m == method && fits(path, p))
+}
+
+fn decide(state: &State, method: &http::Method, path: &str, watch: bool) -> Verdict {
+    if !watch && held_by(&state.blocked, method, path, |path, p| path.contains(p)) {
         state.blocked_seen.fetch_add(1, Ordering::SeqCst);
         return Verdict::Hold(Duration::from_secs(3600));
+    }
+    if !watch && held_by(&state.delayed, method, path, |path, p| path.ends_with(p)) {
+        state.delayed_seen.fetch_add(1, Ordering::SeqCst);
+        return Verdict::Delay;
     }
     let plan = &state.plan;
     let c = &state.counts;
@@ -569,6 +613,12 @@ async fn handle(
             tokio::time::sleep(d).await;
             // An error ends the connection without an answer.
             Err("held request dropped by the e2e fault proxy".into())
+        }
+        Verdict::Delay => {
+            let mut released = state.delay_released.subscribe();
+            released.wait_for(|open| *open).await?;
+            let resp = forward(&state, req).await?;
+            Ok(resp.map(|b| b.map_err(BoxError::from).boxed()))
         }
         Verdict::ForwardThenFail(code) => {
             // The write happens; its answer is replaced, as when a response

@@ -239,6 +239,30 @@ pub async fn delete_pod_at_once(pods: &Api<Pod>, name: &str) -> kube::Result<()>
     pods.delete(name, &dp).await.map(|_| ())
 }
 
+/// The last stored state of a deleted claim whose consumers were all done
+/// or gone (`done`, as `resource/name`) shows one of the two orders the
+/// controller may take, and nothing in between:
+/// - released first (a pod waited for devices, or the claim is not a
+///   pod's): no reservation and no allocation left when it went;
+/// - deleted first (nobody waited): the reservations exactly as the
+///   scheduler left them, only done consumers among them, and the
+///   allocation went with the object.
+///
+/// Reservations removed with the allocation kept, or a consumer that was
+/// not done, fail.
+pub fn assert_cleanly_deleted(last: &ResourceClaim, done: &[&str]) {
+    let name = last.metadata.name.as_deref().unwrap_or("?");
+    let reserved = reserved_names(last);
+    let released_first = reserved.is_empty() && !is_allocated(last);
+    let deleted_first = reserved == done;
+    assert!(
+        released_first || deleted_first,
+        "{name} went in neither order: reservedFor {reserved:?} (done consumers {done:?}), \
+         allocated {}",
+        is_allocated(last)
+    );
+}
+
 /// The claim is released: no reservation, no allocation, no finalizer.
 pub fn ensure_released(c: &ResourceClaim) -> anyhow::Result<()> {
     ensure!(

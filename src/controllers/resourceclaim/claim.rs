@@ -340,33 +340,71 @@ async fn delete_judged(
 
 /// Removes the delete-protection finalizer from the claim as seen (guarded
 /// by its version); the updated claim, or `None` when there was nothing to
-/// remove or a claim being deleted went away meanwhile.
+/// remove or the claim went away meanwhile.
+///
+/// When the guard fails because someone else wrote the claim in between
+/// (a label, an annotation), the claim is read again and the removal
+/// retried while it is still the same claim, unused and unallocated. Only
+/// this step needs that: the writes before it leave a state the next sync
+/// reads back, but an unused, unallocated claim that still carries the
+/// finalizer looks like one the scheduler is about to allocate, so a later
+/// decision could not tell that the removal is owed.
 async fn remove_protection(
     api: &Api<ClaimView>,
     current: &ClaimView,
     key: &str,
 ) -> Result<Option<ClaimView>, SyncError> {
-    let Some(p) = patch::remove_finalizer(current, DELETE_PROTECTION_FINALIZER) else {
-        return Ok(None);
-    };
-    match api
-        .patch(
-            current.name(),
-            &PatchParams::default(),
-            &Patch::Json::<()>(p),
-        )
-        .await
-    {
-        Ok(updated) => {
-            info!("removed delete-protection finalizer");
-            Ok(Some(updated))
+    const ATTEMPTS: usize = 3;
+    let mut seen = current.clone();
+    for attempt in 1..=ATTEMPTS {
+        let Some(p) = patch::remove_finalizer(&seen, DELETE_PROTECTION_FINALIZER) else {
+            return Ok(None);
+        };
+        let err = match api
+            .patch(seen.name(), &PatchParams::default(), &Patch::Json::<()>(p))
+            .await
+        {
+            Ok(updated) => {
+                info!("removed delete-protection finalizer");
+                return Ok(Some(updated));
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
+            Err(e) => SyncError::kube(
+                format_args!(
+                    "removing finalizer {DELETE_PROTECTION_FINALIZER} of ResourceClaim {key}"
+                ),
+                e,
+            ),
+        };
+        if !matches!(err, SyncError::Conflict { .. }) || attempt == ATTEMPTS {
+            return Err(err);
         }
-        Err(kube::Error::Api(s)) if s.code == 404 && current.is_deleting() => Ok(None),
-        Err(e) => Err(SyncError::kube(
-            format_args!("removing finalizer {DELETE_PROTECTION_FINALIZER} of ResourceClaim {key}"),
-            e,
-        )),
+        let fresh = api
+            .get_opt(seen.name())
+            .await
+            .map_err(kube_err(format_args!(
+                "reading ResourceClaim {key} again to remove its finalizer"
+            )))?;
+        match fresh {
+            Some(fresh) if still_owes_release(current, &fresh) => {
+                debug!(
+                    attempt,
+                    "claim changed meanwhile; removing the finalizer from the fresh copy"
+                );
+                seen = fresh;
+            }
+            Some(_) => return Err(err),
+            None => return Ok(None),
+        }
     }
+    unreachable!("the last attempt returns")
+}
+
+/// Whether a claim read again is still the one whose finalizer we set out
+/// to remove, in a state where removing it is right: same UID, nobody
+/// reserved, nothing allocated.
+fn still_owes_release(judged: &ClaimView, fresh: &ClaimView) -> bool {
+    fresh.uid() == judged.uid() && fresh.status.reserved_for.is_empty() && !fresh.is_allocated()
 }
 
 async fn lookup_pod_group(
