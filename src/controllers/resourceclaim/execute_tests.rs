@@ -203,23 +203,51 @@ async fn claim_of_a_done_pod_while_a_pod_waits_is_deallocated_first() {
     work.await.unwrap().expect("claim work succeeds");
 }
 
+/// A JSON patch of the claim's metadata whose first operation tests the
+/// resourceVersion `rv`.
+fn assert_metadata_patch_guarded_by(seen: &Seen, rv: &str) {
+    assert_eq!(
+        (&seen.method, seen.path.as_str()),
+        (&Method::PATCH, format!("{CLAIMS}/c").as_str())
+    );
+    assert_eq!(
+        seen.body[0],
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv})
+    );
+}
+
+/// A claim no pod owns (a user's claim that stays), in `claim_json`'s
+/// shape otherwise.
+fn unowned_claim_json(reserved: bool) -> Value {
+    let mut claim = claim_json(reserved);
+    claim["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("ownerReferences");
+    claim
+}
+
+type Work = tokio::task::JoinHandle<Result<(), crate::runtime::error::SyncError>>;
+
+/// Claim work started on an unowned claim still reserved for pod `p`,
+/// which the cache has done; the claim as the work saw it.
+fn claim_that_stays_at_work() -> (Handle, Work, Value) {
+    let caches = Arc::new(Caches::new());
+    let done: PodView = serde_json::from_value(pod_json("Succeeded")).unwrap();
+    caches.pods.apply(object_key("ns", "p"), Arc::new(done));
+    let shared = unowned_claim_json(true);
+    let seen: ClaimView = serde_json::from_value(shared.clone()).unwrap();
+    let (ctx, handle) = context(caches);
+    let work = tokio::spawn(async move { claim::execute(&ctx, &seen).await });
+    (handle, work, shared)
+}
+
 /// A claim that is not generated (no owning pod) keeps the reference's
 /// order: reservation and allocation removed in one guarded status patch,
 /// then the finalizer; it is not deleted.
 #[tokio::test]
 async fn claim_that_stays_is_deallocated_then_released() {
-    let caches = Arc::new(Caches::new());
-    let done: PodView = serde_json::from_value(pod_json("Succeeded")).unwrap();
-    caches.pods.apply(object_key("ns", "p"), Arc::new(done));
-    let mut shared = claim_json(true);
-    shared["metadata"]
-        .as_object_mut()
-        .unwrap()
-        .remove("ownerReferences");
-    let seen: ClaimView = serde_json::from_value(shared.clone()).unwrap();
-    let (ctx, mut handle) = context(caches);
-
-    let work = tokio::spawn(async move { claim::execute(&ctx, &seen).await });
+    let (mut handle, work, shared) = claim_that_stays_at_work();
 
     let mut released = shared.clone();
     released["status"] = json!({});
@@ -241,14 +269,7 @@ async fn claim_that_stays_is_deallocated_then_released() {
     let mut unprotected = released.clone();
     unprotected["metadata"]["finalizers"] = json!([]);
     let finalizer = expect(&mut handle, 200, unprotected).await;
-    assert_eq!(
-        (finalizer.method, finalizer.path.as_str()),
-        (Method::PATCH, format!("{CLAIMS}/c").as_str())
-    );
-    assert_eq!(
-        finalizer.body[0],
-        json!({"op": "test", "path": "/metadata/resourceVersion", "value": "8"})
-    );
+    assert_metadata_patch_guarded_by(&finalizer, "8");
     work.await.unwrap().expect("claim work succeeds");
     assert!(
         handle.next_request().await.is_none(),
@@ -267,10 +288,17 @@ async fn failed_guard_is_a_conflict_and_stops_the_sync() {
         "reason": "Conflict", "message": "Precondition failed: ResourceVersion in precondition: 7, ResourceVersion in object meta: 9"});
     let delete = expect(&mut handle, 409, changed).await;
     assert_eq!(delete.method, Method::DELETE);
-    // Another request would wait for an answer forever: the sync must end.
+    ends_as_conflict_sending_nothing_more(handle, work).await;
+}
+
+/// The sync ends with a conflict, and sends no further request. Another
+/// request would wait for an answer forever, so the sync must end on its
+/// own; once it has, the client is gone and the mock reports no request
+/// (or none arrives).
+async fn ends_as_conflict_sending_nothing_more(mut handle: Handle, work: Work) {
     let result = tokio::time::timeout(std::time::Duration::from_secs(2), work)
         .await
-        .expect("the sync ends after the failed guard, sending nothing more")
+        .expect("the sync ends, sending nothing more")
         .unwrap();
     assert!(
         matches!(
@@ -279,14 +307,66 @@ async fn failed_guard_is_a_conflict_and_stops_the_sync() {
         ),
         "{result:?}"
     );
-    // The client is gone with the finished sync: the mock reports no
-    // further request (or none arrives).
     let next =
         tokio::time::timeout(std::time::Duration::from_millis(100), handle.next_request()).await;
     assert!(
         matches!(next, Err(_) | Ok(None)),
-        "no request after the failed guard"
+        "no request after the sync"
     );
+}
+
+/// The claim that stays, released by a status patch; its finalizer write
+/// meets a claim someone annotated in between. The answer is what
+/// kube-apiserver sends for a failed JSON Patch `test`.
+async fn release_meets_a_write_in_between(fresh: Value) -> (Handle, Work) {
+    let (mut handle, work, shared) = claim_that_stays_at_work();
+
+    let mut released = shared;
+    released["status"] = json!({});
+    released["metadata"]["resourceVersion"] = json!("8");
+    expect(&mut handle, 200, released).await;
+    let bare_422 = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "message": "the server rejected our request due to an error in our request",
+        "reason": "Invalid", "details": {}, "code": 422});
+    let first = expect(&mut handle, 422, bare_422).await;
+    assert_eq!(
+        first.body[0],
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": "8"})
+    );
+    let read = expect(&mut handle, 200, fresh).await;
+    assert_eq!(
+        (read.method, read.path.as_str()),
+        (Method::GET, format!("{CLAIMS}/c").as_str())
+    );
+    (handle, work)
+}
+
+/// Still unused and unallocated when read again: the finalizer is removed
+/// from the fresh copy (a later sync could not tell the removal is owed).
+#[tokio::test]
+async fn finalizer_removal_is_retried_on_a_fresh_read() {
+    let mut fresh = unowned_claim_json(false);
+    fresh["metadata"]["resourceVersion"] = json!("9");
+    fresh["metadata"]["annotations"]["touched"] = json!("yes");
+    fresh["status"] = json!({});
+    let (mut handle, work) = release_meets_a_write_in_between(fresh.clone()).await;
+
+    let mut unprotected = fresh;
+    unprotected["metadata"]["finalizers"] = json!([]);
+    let retry = expect(&mut handle, 200, unprotected).await;
+    assert_metadata_patch_guarded_by(&retry, "9");
+    work.await.unwrap().expect("claim work succeeds");
+}
+
+/// Allocated again when read back (the scheduler took it for a new pod):
+/// the finalizer stays, and the sync ends as a conflict.
+#[tokio::test]
+async fn finalizer_stays_on_a_claim_allocated_meanwhile() {
+    let mut fresh = unowned_claim_json(false);
+    fresh["metadata"]["resourceVersion"] = json!("9");
+    fresh["status"]["reservedFor"] = json!([{"resource": "pods", "name": "q", "uid": "q-uid"}]);
+    let (handle, work) = release_meets_a_write_in_between(fresh).await;
+    ends_as_conflict_sending_nothing_more(handle, work).await;
 }
 
 /// A pod whose template entry has no claim yet: one create from the
