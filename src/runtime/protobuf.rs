@@ -590,6 +590,19 @@ mod tests {
         );
     }
 
+    /// The events a body of these bytes gives, one line each.
+    async fn read_names(body: Vec<u8>) -> Vec<String> {
+        events::<Named>(kube::client::Body::from(body))
+            .map(|e| match e {
+                Ok(WatchEvent::Added(Named(n))) => format!("added {n}"),
+                Ok(WatchEvent::Modified(Named(n))) => format!("modified {n}"),
+                Ok(other) => format!("{other:?}"),
+                Err(e) => format!("error {e}"),
+            })
+            .collect()
+            .await
+    }
+
     #[tokio::test]
     async fn a_body_gives_its_events_and_an_error_for_a_cut_frame() {
         let whole = [
@@ -597,28 +610,10 @@ mod tests {
             framed(&event("MODIFIED", "Pod", &pod_named("a"))),
         ]
         .concat();
-        let names = |events: Vec<Result<WatchEvent<Named>, kube::Error>>| -> Vec<String> {
-            events
-                .into_iter()
-                .map(|e| match e {
-                    Ok(WatchEvent::Added(Named(n))) => format!("added {n}"),
-                    Ok(WatchEvent::Modified(Named(n))) => format!("modified {n}"),
-                    Ok(other) => format!("{other:?}"),
-                    Err(e) => format!("error {e}"),
-                })
-                .collect()
-        };
-        let read = events::<Named>(kube::client::Body::from(whole.clone()))
-            .collect()
-            .await;
-        assert_eq!(names(read), ["added a", "modified a"]);
+        assert_eq!(read_names(whole.clone()).await, ["added a", "modified a"]);
 
         let cut = [whole, framed(&pod_named("b"))[..6].to_vec()].concat();
-        let read = names(
-            events::<Named>(kube::client::Body::from(cut))
-                .collect()
-                .await,
-        );
+        let read = read_names(cut).await;
         assert_eq!(read.len(), 3, "{read:?}");
         assert!(read[2].contains("ended inside a frame"), "{read:?}");
 
@@ -628,11 +623,7 @@ mod tests {
             framed(&event("ADDED", "Pod", &pod_named("c"))),
         ]
         .concat();
-        let read = names(
-            events::<Named>(kube::client::Body::from(bad))
-                .collect()
-                .await,
-        );
+        let read = read_names(bad).await;
         assert_eq!(read.len(), 1, "{read:?}");
         assert!(read[0].starts_with("error"), "{read:?}");
     }
