@@ -18,8 +18,8 @@
 #![allow(unreachable_pub)]
 
 use dra_e2e::{
-    admission, autoscaler, cluster, ctx, fault_proxy, faults, helm, invariants, k8s, nodes, procs,
-    prometheus, rawhttp, rbac, reference, replica, scheduler,
+    admission, autoscaler, blackhole, cluster, ctx, fault_proxy, faults, helm, invariants, k8s,
+    nodes, procs, prometheus, rawhttp, rbac, reference, replica, scheduler,
 };
 
 #[path = "e2e/allocator.rs"]
@@ -30,6 +30,8 @@ mod cleanup;
 mod drain_check;
 #[path = "e2e/faults_api.rs"]
 mod faults_api;
+#[path = "e2e/faults_blackhole.rs"]
+mod faults_blackhole;
 #[path = "e2e/faults_finished.rs"]
 mod faults_finished;
 #[path = "e2e/faults_input.rs"]

@@ -88,11 +88,12 @@ pub async fn build_client(
     registry: &Registry,
 ) -> anyhow::Result<(kube::Client, Drain)> {
     let mut config = load_config(opts).await?;
-    // No retries inside the client. kube's default policy re-sends any
-    // request, POST included, on 429/503/504: a create that committed before
-    // a 504 came back would then make a second claim. Its retries would also
-    // sit below our limiter and spend no tokens. Failed syncs are retried by
-    // the work queue with backoff, on fresh state, instead.
+    // No retries inside the client (the transport adds no retry layer, and
+    // this says so to anything else that reads the configuration). kube's
+    // default policy re-sends any request, POST included, on 429/503/504: a
+    // create that committed before a 504 came back would then make a second
+    // claim. Failed syncs are retried by the work queue with backoff, on
+    // fresh state, instead.
     config.default_retry = false;
     // kube sends no User-Agent of its own: without one, audit logs, API
     // server metrics and API priority and fairness cannot tell our
@@ -125,8 +126,9 @@ pub async fn build_client(
         "built Kubernetes client"
     );
 
-    let client = ClientBuilder::try_from(config)
-        .context("building the Kubernetes client from its configuration")?
+    let transport = super::transport::service(&config)
+        .context("building the Kubernetes client from its configuration")?;
+    let client = ClientBuilder::new(transport, config.default_namespace.clone())
         // kube's stack is a BoxService (not Clone); the buffer gives the
         // limiter a cloneable handle so one slow token does not stall the
         // dispatch of others.

@@ -1,5 +1,6 @@
 //! The controller runtime: what any Kubernetes controller of ours needs,
-//! knowing no DRA type. Client and request budget ([`client`]), watches
+//! knowing no DRA type. Client and request budget ([`client`]) over a
+//! transport where no dead connection holds a request ([`transport`]), watches
 //! ([`informer`], in protobuf where a view reads it: [`protobuf`]) feeding
 //! indexed stores ([`store`]), errors that decide
 //! retries ([`error`]), Warning events ([`events`]), holding work through
@@ -21,3 +22,4 @@ pub mod reachability;
 pub mod resource;
 pub mod store;
 pub mod tls;
+pub mod transport;

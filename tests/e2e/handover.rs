@@ -248,14 +248,14 @@ fn parse_debug_duration(s: &str) -> Option<Duration> {
 
 /// The holder identity this process campaigns with (`hostname_uuid`), from
 /// its start-up log line.
-async fn identity(c: &Controller) -> String {
+pub async fn identity(c: &Controller) -> String {
     let line = log_line(c, "starting dra-claim-controller").await;
     log_field(&line, "identity")
         .unwrap_or_else(|| panic!("no identity in: {line}"))
         .to_string()
 }
 
-async fn master_status(c: &Controller) -> anyhow::Result<f64> {
+pub async fn master_status(c: &Controller) -> anyhow::Result<f64> {
     let text = c.metrics_text().await?;
     metric_value(
         &text,
@@ -266,7 +266,7 @@ async fn master_status(c: &Controller) -> anyhow::Result<f64> {
 }
 
 /// `(leader, standby)` when exactly one of `replicas` reports leading.
-async fn roles(replicas: &[Arc<Replica>]) -> anyhow::Result<(Arc<Replica>, Arc<Replica>)> {
+pub async fn roles(replicas: &[Arc<Replica>]) -> anyhow::Result<(Arc<Replica>, Arc<Replica>)> {
     let mut leaders = Vec::new();
     let mut standbys = Vec::new();
     for r in replicas {
@@ -285,7 +285,7 @@ async fn roles(replicas: &[Arc<Replica>]) -> anyhow::Result<(Arc<Replica>, Arc<R
     Ok((leaders.remove(0), standbys.remove(0)))
 }
 
-async fn assert_lease_held_by(t: &TestCtx, leader: &Replica) {
+pub async fn assert_lease_held_by(t: &TestCtx, leader: &Replica) {
     let want = identity(&leader.current()).await;
     let leases: Api<Lease> = Api::namespaced(t.client.clone(), SYSTEM_NAMESPACE);
     wait_for(

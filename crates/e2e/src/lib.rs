@@ -7,7 +7,8 @@
 //!   RBAC ([`rbac`], [`helm`], [`pki`], [`procs`], [`replica`], [`rawhttp`]);
 //! - [`ctx`]: a test's context (shared or isolated server, its namespace);
 //! - [`k8s`]: the objects and API calls scenarios use;
-//! - [`fault_proxy`], [`faults`], [`invariants`]: faults and the checks that
+//! - [`fault_proxy`], [`blackhole`], [`faults`], [`invariants`]: faults (HTTP
+//!   answers and stalls; TCP connections blackholed) and the checks that
 //!   nothing was lost or doubled;
 //! - [`admission`]: the chart's MutatingAdmissionPolicy on a test server;
 //!   [`scheduler`]: a real kube-scheduler;
@@ -19,6 +20,7 @@
 
 pub mod admission;
 pub mod autoscaler;
+pub mod blackhole;
 pub mod cluster;
 pub mod ctx;
 pub mod fault_proxy;
