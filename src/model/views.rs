@@ -30,6 +30,54 @@ struct SlimMeta {
     /// that carry them).
     #[serde(default, deserialize_with = "labels_read")]
     labels: Option<BTreeMap<String, String>>,
+    /// Whether a field manager owns `spec.nodeName` (read for pods; see
+    /// [`PodView::node_name_written`]); nothing else of the managed fields
+    /// is held.
+    #[serde(default, rename = "managedFields", deserialize_with = "owns_node_name")]
+    node_name_written: bool,
+}
+
+/// `metadata.managedFields`: whether an entry of the object itself (not of
+/// a subresource) owns `f:spec.f:nodeName`.
+fn owns_node_name<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    struct Entry {
+        #[serde(default)]
+        subresource: Option<String>,
+        #[serde(default, rename = "fieldsV1")]
+        fields: Option<ManagedFields>,
+    }
+    let entries = Option::<Vec<Entry>>::deserialize(d)?.unwrap_or_default();
+    Ok(entries.iter().any(|e| {
+        e.subresource.as_deref().unwrap_or_default().is_empty()
+            && e.fields.as_ref().is_some_and(ManagedFields::own_node_name)
+    }))
+}
+
+/// The part of a managed-fields entry's `fieldsV1` that says whether it
+/// owns `spec.nodeName`; everything else is parsed past.
+#[derive(Deserialize)]
+struct ManagedFields {
+    #[serde(default, rename = "f:spec")]
+    spec: Option<ManagedSpecFields>,
+}
+
+#[derive(Deserialize)]
+struct ManagedSpecFields {
+    #[serde(default, rename = "f:nodeName")]
+    node_name: Option<serde::de::IgnoredAny>,
+}
+
+impl ManagedFields {
+    fn own_node_name(&self) -> bool {
+        self.spec.as_ref().is_some_and(|s| s.node_name.is_some())
+    }
+}
+
+/// [`ManagedFields::own_node_name`] of a raw `fieldsV1` JSON document (as
+/// protobuf carries it); one that does not parse owns nothing.
+pub(crate) fn fields_v1_own_node_name(raw: &[u8]) -> bool {
+    serde_json::from_slice::<ManagedFields>(raw).is_ok_and(|f| f.own_node_name())
 }
 
 /// Metadata of claims: also what ownership, adoption, finalizers and metrics read.
@@ -130,16 +178,21 @@ fn controller_reference<'de, D: Deserializer<'de>>(
 }
 
 fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    let m = SlimMeta::deserialize(d)?;
-    Ok(ObjectMeta {
-        name: m.name,
-        namespace: m.namespace,
-        uid: m.uid,
-        resource_version: m.resource_version,
-        deletion_timestamp: m.deletion_timestamp,
-        labels: m.labels,
-        ..Default::default()
-    })
+    Ok(SlimMeta::deserialize(d)?.into_meta())
+}
+
+impl SlimMeta {
+    fn into_meta(self) -> ObjectMeta {
+        ObjectMeta {
+            name: self.name,
+            namespace: self.namespace,
+            uid: self.uid,
+            resource_version: self.resource_version,
+            deletion_timestamp: self.deletion_timestamp,
+            labels: self.labels,
+            ..Default::default()
+        }
+    }
 }
 
 fn claim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
@@ -183,16 +236,42 @@ macro_rules! namespaced_resource {
 /// The fields of a Pod this controller reads, plus what the controller
 /// learned by watching it (see [`super::observe`]).
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(from = "PodViewWire")]
 pub struct PodView {
-    #[serde(deserialize_with = "slim_meta")]
     pub metadata: ObjectMeta,
-    #[serde(default, deserialize_with = "null_as_default")]
     pub spec: PodViewSpec,
-    #[serde(default, deserialize_with = "null_as_default")]
     pub status: PodViewStatus,
+    /// A field manager owns `spec.nodeName`: the pod was created (or
+    /// written) with its node set, bypassing any scheduler. Schedulers bind
+    /// through the `pods/binding` subresource, which records no managed
+    /// field. Unlike the `PodScheduled` condition, which the kubelet writes
+    /// into every pod it runs, this stays true for the pod's whole life, so
+    /// a controller that (re)starts late still reads it right.
+    pub node_name_written: bool,
     /// Not from the API: what watching this pod (this UID) has shown.
-    #[serde(skip)]
     pub history: PodHistory,
+}
+
+/// [`PodView`] as it comes over the wire (JSON).
+#[derive(Deserialize)]
+struct PodViewWire {
+    metadata: SlimMeta,
+    #[serde(default, deserialize_with = "null_as_default")]
+    spec: PodViewSpec,
+    #[serde(default, deserialize_with = "null_as_default")]
+    status: PodViewStatus,
+}
+
+impl From<PodViewWire> for PodView {
+    fn from(wire: PodViewWire) -> Self {
+        PodView {
+            node_name_written: wire.metadata.node_name_written,
+            metadata: wire.metadata.into_meta(),
+            spec: wire.spec,
+            status: wire.status,
+            history: PodHistory::default(),
+        }
+    }
 }
 
 /// What the controller learned by watching one pod over time. The API
@@ -201,8 +280,9 @@ pub struct PodView {
 /// pod to the next one with the same UID.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodHistory {
-    /// Bound when first seen and no binder reported it scheduled: nothing
-    /// will allocate its claims.
+    /// Placed on its node without a scheduler (see
+    /// [`super::observe::first_sight`]): nothing else will allocate its
+    /// claims.
     pub pre_scheduled: bool,
     /// When this process first saw the pod (the grace period of the
     /// not-allocated warning counts from here).

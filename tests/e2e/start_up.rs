@@ -97,10 +97,21 @@ async fn pods_read_from_protobuf_equal_pods_read_from_json() {
     let mut held =
         crate::k8s::pod_manifest("held", &[("gpu", Source::Template("gpu-template"))], None);
     held["metadata"]["finalizers"] = json!(["example.com/hold"]);
-    for manifest in [finished, held, crate::k8s::pod_manifest("plain", &[], None)] {
+    let bound =
+        crate::k8s::pod_manifest("bound", &[("gpu", Source::Template("gpu-template"))], None);
+    for manifest in [
+        finished,
+        held,
+        bound,
+        crate::k8s::pod_manifest("plain", &[], None),
+    ] {
         let pod: Pod = serde_json::from_value(manifest).unwrap();
         pods.create(&PostParams::default(), &pod).await.unwrap();
     }
+    // Placed as a scheduler places a pod: nobody owns its nodeName.
+    crate::k8s::bind_pod(&pods, "bound", "node-2")
+        .await
+        .unwrap();
     let container = |state: serde_json::Value| {
         json!([{"name": "main", "image": "registry.invalid/pause:1", "imageID": "", "ready": false,
                 "restartCount": 0, "state": state}])
@@ -168,7 +179,7 @@ async fn pods_read_from_protobuf_equal_pods_read_from_json() {
         }
     }
 
-    assert_eq!(as_json.len(), 3);
+    assert_eq!(as_json.len(), 4);
     assert_eq!(
         format!("{as_protobuf:#?}"),
         format!("{as_json:#?}"),
@@ -185,6 +196,12 @@ async fn pods_read_from_protobuf_equal_pods_read_from_json() {
         finished.metadata.labels,
         Some([(WATERMARK_LABEL.to_string(), "wm-1".to_string())].into())
     );
+    // Created with its node: its creator owns spec.nodeName; bound
+    // through pods/binding: nobody does (both read alike above).
+    assert!(finished.node_name_written);
+    let bound = &as_protobuf["bound"];
+    assert_eq!(bound.spec.node_name.as_deref(), Some("node-2"));
+    assert!(bound.status.scheduled && !bound.node_name_written);
     let held = &as_protobuf["held"];
     assert!(held.metadata.deletion_timestamp.is_some());
     assert!(held.status.containers_finished_at.is_none());

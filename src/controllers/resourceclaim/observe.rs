@@ -45,13 +45,27 @@ pub fn observe(cached: Option<&PodView>, mut seen: PodView, now: Instant) -> Obs
 /// A pod seen for the first time (by this process, under this UID).
 pub fn first_sight(mut pod: PodView, now: Instant) -> PodView {
     pod.history = PodHistory {
-        // Bound before anyone reported scheduling it: created with
-        // spec.nodeName. (A pod first seen after a binder bound it carries
-        // PodScheduled=True.)
-        pre_scheduled: pod.node_name().is_some() && !pod.status.scheduled,
+        pre_scheduled: placed_without_scheduler(&pod),
         first_seen: Some(now),
     };
     pod
+}
+
+/// Whether a pod seen for the first time was placed on its node without a
+/// scheduler, so that nothing but this controller will reserve (and, with
+/// `--allocate-on-nodes`, allocate) its claims.
+///
+/// The API server says so for the pod's whole life: whoever created the pod
+/// with `spec.nodeName` owns that field in `managedFields`, while a
+/// scheduler binds through `pods/binding`, which records no managed field.
+/// The `PodScheduled` condition cannot tell: the binding sets it, and so
+/// does the kubelet on every pod it runs, pre-scheduled or not (~35 ms
+/// after creation), so a controller that first sees the pod after the
+/// kubelet did would take it for scheduled. The condition is still the
+/// fallback for a pod whose managed fields were stripped: bound, and first
+/// seen before anyone reported it scheduled.
+pub fn placed_without_scheduler(pod: &PodView) -> bool {
+    pod.node_name().is_some() && (pod.node_name_written || !pod.status.scheduled)
 }
 
 #[cfg(test)]
@@ -102,28 +116,100 @@ mod tests {
         assert_eq!(other.keep.unwrap().extended_claim_name(), Some("ext-2"));
     }
 
+    /// `managedFields` of a pod created by kubectl, owning `spec.nodeName`
+    /// when `with_node`, and the kubelet's status entry.
+    fn managed(with_node: bool) -> Value {
+        let spec = if with_node {
+            json!({"f:nodeName": {}, "f:containers": {}})
+        } else {
+            json!({"f:containers": {}})
+        };
+        json!([
+            {"manager": "kubectl-create", "operation": "Update", "apiVersion": "v1",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": spec}},
+            {"manager": "kubelet", "operation": "Update", "apiVersion": "v1", "subresource": "status",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:conditions": {}}}},
+        ])
+    }
+
     #[test]
-    fn pre_scheduled_is_decided_at_first_sight() {
+    fn pre_scheduled_is_decided_from_state_that_survives_a_restart() {
         let now = Instant::now();
+        let scheduled = json!({"conditions": [{"type": "PodScheduled", "status": "True"}]});
+        let unschedulable = json!({"conditions": [{"type": "PodScheduled", "status": "False"}]});
+        // (case, managed fields, status, node, pre-scheduled?)
         let cases = [
-            ("created with nodeName", json!({}), Some("n"), true),
-            ("not bound yet", json!({}), None, false),
             (
-                "bound by a scheduler",
-                json!({"conditions": [{"type": "PodScheduled", "status": "True"}]}),
-                Some("n"),
-                false,
-            ),
-            (
-                "scheduling failed so far",
-                json!({"conditions": [{"type": "PodScheduled", "status": "False"}]}),
+                "created with nodeName, seen before the kubelet",
+                managed(true),
+                json!({}),
                 Some("n"),
                 true,
             ),
+            // The bug a real kubelet showed: a pod created with nodeName
+            // while the controller was down, first seen after the kubelet
+            // wrote PodScheduled=True into it.
+            (
+                "created with nodeName, seen after the kubelet (restart)",
+                managed(true),
+                scheduled.clone(),
+                Some("n"),
+                true,
+            ),
+            (
+                "bound through pods/binding by a scheduler",
+                managed(false),
+                scheduled.clone(),
+                Some("n"),
+                false,
+            ),
+            ("not bound yet", managed(false), json!({}), None, false),
+            (
+                "not bound, nodeName owned by nobody yet",
+                managed(true),
+                json!({}),
+                None,
+                false,
+            ),
+            (
+                "managed fields stripped, seen before the kubelet",
+                json!(null),
+                json!({}),
+                Some("n"),
+                true,
+            ),
+            (
+                "managed fields stripped, scheduling failed so far",
+                json!(null),
+                unschedulable,
+                Some("n"),
+                true,
+            ),
+            (
+                "managed fields stripped, seen scheduled",
+                json!(null),
+                scheduled,
+                Some("n"),
+                false,
+            ),
         ];
-        for (case, mut status, node, want) in cases {
+        for (case, managed_fields, mut status, node, want) in cases {
             status["extendedResourceClaimStatus"] = json!({"resourceClaimName": "x"});
-            let seen = observe(None, pod("u1", status, node), now).keep.unwrap();
+            let mut p: Value = serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "managedFields": managed_fields},
+                "spec": {"nodeName": node},
+                "status": status,
+            }))
+            .unwrap();
+            if p["metadata"]["managedFields"].is_null() {
+                p["metadata"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("managedFields");
+            }
+            let seen = observe(None, serde_json::from_value(p).unwrap(), now)
+                .keep
+                .unwrap();
             assert_eq!(seen.is_pre_scheduled(), want, "case {case}");
             assert_eq!(seen.history.first_seen, Some(now), "case {case}");
         }

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::{
     ANNOTATION_VALUE_MAX, ExtendedClaimRef, POD_LABELS_READ, PodView, PodViewSpec, PodViewStatus,
-    SchedulingGroupRef,
+    SchedulingGroupRef, fields_v1_own_node_name,
 };
 use crate::runtime::protobuf::{FromProtobuf, Value, WireError, fields, map_entry, time};
 
@@ -23,7 +23,7 @@ impl FromProtobuf for PodView {
         let mut pod = PodView::default();
         for field in fields(raw) {
             match field? {
-                (1, v) => pod.metadata = pod_meta(v.bytes()?)?,
+                (1, v) => (pod.metadata, pod.node_name_written) = pod_meta(v.bytes()?)?,
                 (2, v) => pod.spec = pod_spec(v.bytes()?)?,
                 (3, v) => pod.status = pod_status(v.bytes()?)?,
                 _ => {}
@@ -40,12 +40,17 @@ fn non_empty(v: Value<'_>) -> Result<Option<String>, WireError> {
 }
 
 /// `ObjectMeta`: name 1, namespace 3, uid 5, resourceVersion 6,
-/// deletionTimestamp 9, labels 11.
-fn pod_meta(raw: &[u8]) -> Result<ObjectMeta, WireError> {
+/// deletionTimestamp 9, labels 11, managedFields 17 (only whether one owns
+/// `spec.nodeName`, as the JSON path).
+fn pod_meta(raw: &[u8]) -> Result<(ObjectMeta, bool), WireError> {
     let mut meta = ObjectMeta::default();
     let mut labels = BTreeMap::new();
+    let mut node_name_written = false;
     for field in fields(raw) {
         match field? {
+            (17, v) if !node_name_written => {
+                node_name_written = managed_entry_owns_node_name(v.bytes()?)?;
+            }
             (1, v) => meta.name = non_empty(v)?,
             (3, v) => meta.namespace = non_empty(v)?,
             (5, v) => meta.uid = non_empty(v)?,
@@ -65,7 +70,26 @@ fn pod_meta(raw: &[u8]) -> Result<ObjectMeta, WireError> {
         }
     }
     meta.labels = (!labels.is_empty()).then_some(labels);
-    Ok(meta)
+    Ok((meta, node_name_written))
+}
+
+/// `ManagedFieldsEntry`: fieldsV1 7 (`FieldsV1`: Raw 1), subresource 8.
+fn managed_entry_owns_node_name(raw: &[u8]) -> Result<bool, WireError> {
+    let (mut subresource, mut owns) = (false, false);
+    for field in fields(raw) {
+        match field? {
+            (7, v) => {
+                for field in fields(v.bytes()?) {
+                    if let (1, v) = field? {
+                        owns = fields_v1_own_node_name(v.bytes()?);
+                    }
+                }
+            }
+            (8, v) => subresource = !v.bytes()?.is_empty(),
+            _ => {}
+        }
+    }
+    Ok(owns && !subresource)
 }
 
 /// `PodSpec`: nodeName 10, resourceClaims 39, schedulingGroup 43.
