@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::ensure;
 use serde_json::json;
 
+use crate::blackhole::{BlackholeProxy, Policy};
 use crate::cluster::ControllerOpts;
 use crate::ctx::TestCtx;
 use crate::fault_proxy::{FaultPlan, FaultProxy};
@@ -44,6 +45,20 @@ fn plan() -> FaultPlan {
 /// Starts the fault proxy in front of the isolated API server and one
 /// controller that talks only to the proxy, with its own token.
 pub async fn controller_behind_proxy(t: &mut TestCtx, plan: FaultPlan) -> FaultProxy {
+    let (proxy, kubeconfig) = fault_proxy_kubeconfig(t, plan).await;
+    t.isolated_env()
+        .start_controller_with_kubeconfig(&kubeconfig)
+        .await
+        .expect("start the controller behind the proxy");
+    proxy
+}
+
+/// The fault proxy in front of the isolated API server, and a kubeconfig
+/// for it with the controller's token.
+async fn fault_proxy_kubeconfig(
+    t: &mut TestCtx,
+    plan: FaultPlan,
+) -> (FaultProxy, std::path::PathBuf) {
     let cluster = &t.isolated_env().cluster;
     let url = cluster.url().expect("API server URL");
     let kubeconfig = cluster.dir.join("controller-via-proxy.kubeconfig");
@@ -54,11 +69,35 @@ pub async fn controller_behind_proxy(t: &mut TestCtx, plan: FaultPlan) -> FaultP
     proxy
         .write_kubeconfig(&original, &kubeconfig)
         .expect("write the proxy kubeconfig");
+    (proxy, kubeconfig)
+}
+
+/// [`controller_behind_proxy`] with a blackholing TCP proxy in front of
+/// the fault proxy: the controller's connections also go dark as `policy`
+/// says (plain HTTP/1.1 to the fault proxy, so this covers the transport's
+/// HTTP/1.1 side: deadlines and poisoned connections, no pings).
+async fn controller_behind_proxy_and_blackhole(
+    t: &mut TestCtx,
+    plan: FaultPlan,
+    policy: Policy,
+) -> (FaultProxy, BlackholeProxy) {
+    let (proxy, via_proxy) = fault_proxy_kubeconfig(t, plan).await;
+    let blackhole = BlackholeProxy::start(proxy.addr, policy)
+        .await
+        .expect("start the blackhole proxy");
+    let kubeconfig = t
+        .isolated_env()
+        .cluster
+        .dir
+        .join("controller-via-blackhole-and-proxy.kubeconfig");
+    blackhole
+        .write_kubeconfig(&via_proxy, &kubeconfig)
+        .expect("write the blackhole kubeconfig");
     t.isolated_env()
         .start_controller_with_kubeconfig(&kubeconfig)
         .await
-        .expect("start the controller behind the proxy");
-    proxy
+        .expect("start the controller behind both proxies");
+    (proxy, blackhole)
 }
 
 /// 100 pods × 2 template entries (a quarter pre-scheduled), allocated,
@@ -242,10 +281,11 @@ async fn silent_watches_are_replaced() {
 
 /// Every kind of fault in one run: through the proxy, a quarter of the
 /// ordinary requests answered 409/429/500/503 or held, every watch stream
-/// cut, stalled (connection open, no bytes) or refused with `410 Gone`;
-/// meanwhile the API server and etcd restarted and the controller
-/// SIGKILLed, twice each across creation and release. At least 1,000
-/// faults; nothing lost, nothing doubled.
+/// cut, stalled (connection open, no bytes) or refused with `410 Gone`,
+/// every TCP connection blackholed once it is 30 s old; meanwhile the API
+/// server and etcd restarted and the controller SIGKILLed, twice each
+/// across creation and release. At least 1,000 faults; nothing lost,
+/// nothing doubled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_fault_mixed_in_one_run() {
     const NAME: &str = "every_fault_mixed_in_one_run";
@@ -269,7 +309,12 @@ async fn every_fault_mixed_in_one_run() {
         spare: vec!["/apis/coordination.k8s.io/".into()],
         ..FaultPlan::default()
     };
-    let proxy = controller_behind_proxy(&mut t, plan).await;
+    let (proxy, blackhole) = controller_behind_proxy_and_blackhole(
+        &mut t,
+        plan,
+        Policy::OlderThan(Duration::from_secs(30)),
+    )
+    .await;
 
     let run = BatchRun::start(&t, NAME, PODS).await;
     run.batch.create_pods(&t).await;
@@ -283,11 +328,14 @@ async fn every_fault_mixed_in_one_run() {
     kills += kill_repeatedly(&t, 1).await;
     let done = run.check_released(&t, &expect).await;
 
+    blackhole.set_policy(Policy::Forward);
     let tally = Tally {
         restart: 2,
         kill: kills as u64,
+        blackholed: blackhole.counts().blackholed,
         ..Tally::default()
     };
+    assert!(tally.blackholed > 0, "no connection was blackholed");
     finish_proxied_batch(
         t,
         NAME,
@@ -323,12 +371,13 @@ async fn finish_proxied_batch(
     let after = check_quiet(&t, "with faults off", expect, &run.ledger).await;
 
     let counts = proxy.counts();
-    let injected = counts.faults() + tally.restart + tally.kill;
+    let injected = counts.faults() + tally.restart + tally.kill + tally.blackholed;
     let violations = created.violations.len() + done.violations.len() + after.violations.len();
     Tally {
         violations,
         restart: tally.restart,
         kill: tally.kill,
+        blackholed: tally.blackholed,
         ..Tally::from_proxy(&counts)
     }
     .with("gone_event", counts.gone_event)

@@ -38,6 +38,9 @@ pub enum Policy {
 struct State {
     upstream: SocketAddr,
     policy: watch::Sender<(Policy, u64)>,
+    /// Bumped by [`BlackholeProxy::darken_open_connections`]: connections
+    /// opened under an older value go dark.
+    darkened: watch::Sender<u64>,
     opened: AtomicU64,
     blackholed: AtomicU64,
     /// Dropped with the proxy: held sockets are released then.
@@ -68,6 +71,7 @@ impl BlackholeProxy {
         let state = Arc::new(State {
             upstream,
             policy: watch::Sender::new((policy, 0)),
+            darkened: watch::Sender::new(0),
             opened: AtomicU64::new(0),
             blackholed: AtomicU64::new(0),
             shutdown: watch::Sender::new(false),
@@ -84,6 +88,14 @@ impl BlackholeProxy {
             *p = policy;
             *generation += 1;
         });
+    }
+
+    /// Blackholes every connection open now; later ones follow the policy.
+    /// The worst moment for a client: every connection it has just died.
+    pub fn darken_open_connections(&self) {
+        self.state
+            .darkened
+            .send_modify(|generation| *generation += 1);
     }
 
     pub fn counts(&self) -> BlackholeCounts {
@@ -152,6 +164,8 @@ fn dark_at(policy: Policy, opened: Instant) -> Option<Instant> {
 async fn connection(mut client: TcpStream, mut upstream: TcpStream, state: Arc<State>) {
     let opened = Instant::now();
     let mut policy = state.policy.subscribe();
+    let mut darkened = state.darkened.subscribe();
+    let born = *darkened.borrow_and_update();
     let mut shutdown = state.shutdown.subscribe();
     let (mut a, mut b) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
     loop {
@@ -164,6 +178,10 @@ async fn connection(mut client: TcpStream, mut upstream: TcpStream, state: Arc<S
         };
         tokio::select! {
             _ = go_dark => break,
+            changed = darkened.changed() => {
+                if changed.is_err() { return; }
+                if *darkened.borrow_and_update() > born { break; }
+            }
             changed = policy.changed() => {
                 if changed.is_err() { return; }
             }

@@ -32,6 +32,8 @@ pub struct Tally {
     pub gone: u64,
     pub kill: u64,
     pub restart: u64,
+    /// TCP connections blackholed (see [`crate::blackhole`]).
+    pub blackholed: u64,
     pub violations: usize,
     /// Scenario-specific counts appended to the line.
     pub extra: Vec<(&'static str, String)>,
@@ -58,7 +60,7 @@ impl Tally {
 
     pub fn print(&self, test: &str) {
         let mut line = format!(
-            "FAULTS: {test} 409={} 429={} 500={} 503={} hold={} cut={} gone={} kill={} restart={} violations={}",
+            "FAULTS: {test} 409={} 429={} 500={} 503={} hold={} cut={} gone={} kill={} restart={} blackholed={} violations={}",
             self.conflict,
             self.too_many,
             self.internal,
@@ -68,6 +70,7 @@ impl Tally {
             self.gone,
             self.kill,
             self.restart,
+            self.blackholed,
             self.violations
         );
         for (k, v) in &self.extra {

@@ -13,7 +13,9 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use tokio::sync::{oneshot, watch};
 
-use super::rules::{claimed_spec, jittered, may_take, now_micro, record_key, released_spec};
+use super::rules::{
+    claimed_spec, jittered, may_take, now_micro, record_key, released_spec, renew_pause,
+};
 use super::{LeaderElection, LeadershipLost, LeaseHealth, Phase};
 
 /// The Lease as last read or watched, and since when it has been as it is.
@@ -266,11 +268,12 @@ impl Elector {
     async fn hold(&self, mut lease: Lease) -> LeadershipLost {
         let cfg = &self.cfg;
         let mut last_renewal = Instant::now();
+        let mut last_failed = false;
         let mut changes = self.observed.subscribe();
         changes.mark_unchanged();
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(cfg.retry_period) => {}
+                _ = tokio::time::sleep(renew_pause(cfg.retry_period, last_failed)) => {}
                 // The watch shows the Lease gone or held by another: make
                 // sure with a read (a late watch event may show an older
                 // state than our own write), then stop at once.
@@ -298,13 +301,14 @@ impl Elector {
                 Ok(Ok(renewed)) => {
                     lease = renewed;
                     last_renewal = sent;
+                    last_failed = false;
                     self.status
                         .lease
                         .send_modify(|h| h.last_renewal = Some(last_renewal));
                     tracing::trace!("renewed the lease");
                 }
                 Ok(Err(Some(reason))) => return reason,
-                Ok(Err(None)) | Err(_) => {}
+                Ok(Err(None)) | Err(_) => last_failed = true,
             }
             let since_last_renewal = last_renewal.elapsed();
             if since_last_renewal >= cfg.renew_deadline {

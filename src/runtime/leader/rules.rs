@@ -108,8 +108,36 @@ pub(super) fn jittered(base: Duration) -> Duration {
     base.mul_f64(1.0 + rand::rng().random_range(0.0..RETRY_JITTER))
 }
 
+/// The pause before the next renewal: a retry period after a renewal went
+/// through, a short one after one failed. A renewal mostly fails because its
+/// connection died (the transport drops a dead one within seconds, see
+/// `runtime::transport`); the next one goes out on a fresh connection and
+/// must not wait a whole retry period on top, or a leader whose connection
+/// died just after a renewal loses a lease it could have kept.
+pub(super) fn renew_pause(retry_period: Duration, last_failed: bool) -> Duration {
+    if last_failed {
+        retry_period.min(RENEW_RETRY_AFTER_FAILURE)
+    } else {
+        retry_period
+    }
+}
+
+/// See [`renew_pause`]: long enough that a refused connection is no busy
+/// loop, far below any renew deadline.
+const RENEW_RETRY_AFTER_FAILURE: Duration = Duration::from_millis(250);
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_failed_renewal_is_retried_soon() {
+        let period = Duration::from_secs(2);
+        assert_eq!(super::renew_pause(period, false), period);
+        assert_eq!(super::renew_pause(period, true), Duration::from_millis(250));
+        // Never longer than the retry period itself.
+        let short = Duration::from_millis(100);
+        assert_eq!(super::renew_pause(short, true), short);
+    }
+
     use super::*;
 
     fn spec(holder: Option<&str>, transitions: i32) -> LeaseSpec {
