@@ -20,6 +20,13 @@ pub const EXTENDED_RESOURCE_CLAIM_ANNOTATION: &str =
 /// admin tools read it to tell placeholders from workloads.
 pub const WATERMARK_LABEL: &str = "dra-claim-controller.io/watermark";
 
+/// Set on a pre-scheduled pod (RFC 3339, microseconds) when the allocator
+/// has written its devices: the pod update makes its kubelet prepare them
+/// at once. A kubelet whose first prepare failed ("claim not allocated")
+/// otherwise waits out its back-off (~10-16 s): it retries early on pod
+/// updates (spec, labels, annotations), not on claim changes.
+pub const DEVICES_ALLOCATED_ANNOTATION: &str = "dra-claim-controller.io/devices-allocated-at";
+
 /// Label naming the watermark entry a placeholder belongs to (`cpu` or a
 /// device entry's name).
 pub const WATERMARK_ENTRY_LABEL: &str = "dra-claim-controller.io/watermark-entry";

@@ -19,7 +19,7 @@
 
 use dra_e2e::{
     admission, autoscaler, blackhole, cluster, ctx, fault_proxy, faults, helm, invariants, k8s,
-    nodes, procs, prometheus, rawhttp, rbac, reference, replica, scheduler,
+    nodes, procs, prometheus, rawhttp, rbac, real_node, reference, replica, scheduler,
 };
 
 #[path = "e2e/allocator.rs"]
@@ -44,6 +44,8 @@ mod faults_restarts;
 mod podgroups;
 #[path = "e2e/prescheduled_policy.rs"]
 mod prescheduled_policy;
+#[path = "e2e/real_node.rs"]
+mod real_node_tests;
 
 #[path = "e2e/scenarios_claims.rs"]
 mod scenarios_claims;

@@ -1721,6 +1721,12 @@ fn allocation_node_selector_sets_flag_and_rbac() {
     let claims = &expected[&("resource.k8s.io".to_string(), "resourceclaims".to_string())];
     assert!(claims.contains("patch"), "{claims:?}");
     expected.extend(allocation_rules());
+    // The annotation that wakes a pre-scheduled pod's kubelet once its
+    // devices are allocated.
+    expected
+        .entry((String::new(), "pods".into()))
+        .or_default()
+        .insert("patch".into());
     assert_eq!(bound_cluster_rules(&on), expected);
 
     // Set-based selectors with commas and spaces arrive as one argument.

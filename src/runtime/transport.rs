@@ -407,15 +407,28 @@ fn connector(config: &kube::Config) -> anyhow::Result<hyper_rustls::HttpsConnect
     tcp.set_keepalive_interval(Some(TCP_KEEPALIVE_INTERVAL));
     tcp.set_keepalive_retries(Some(TCP_KEEPALIVE_RETRIES));
     tcp.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT));
+    if let Some(proxy) = &config.proxy_url {
+        anyhow::bail!(
+            "the kubeconfig's cluster sets proxy-url {proxy}, which this controller does not \
+             support: remove proxy-url (reach the API server directly or through a load \
+             balancer)"
+        );
+    }
     let tls = config
         .rustls_client_config()
         .context("TLS settings of the client configuration")?;
-    Ok(hyper_rustls::HttpsConnectorBuilder::new()
+    let mut builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(tcp))
+        .https_or_http();
+    // The kubeconfig's tls-server-name: the name the certificate is checked
+    // against when it differs from the host in the server URL.
+    if let Some(name) = &config.tls_server_name {
+        let name = rustls::pki_types::ServerName::try_from(name.clone())
+            .with_context(|| format!("tls-server-name {name:?} of the kubeconfig"))?;
+        builder =
+            builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    Ok(builder.enable_http1().enable_http2().wrap_connector(tcp))
 }
 
 /// The pooled HTTP client over [`connector`], with HTTP/2 health checks.

@@ -26,20 +26,20 @@ const NIC_DRIVER: &str = "nic.example.com";
 
 /// What one run of a command printed and how it ended.
 #[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
 }
 
 impl Run {
-    fn json(&self) -> Value {
+    pub fn json(&self) -> Value {
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}\nstderr: {}", self.stdout, self.stderr))
     }
 
     /// `type` and claim name of each entry of a report list.
-    fn entries(&self, list: &str) -> Vec<(String, String)> {
+    pub fn entries(&self, list: &str) -> Vec<(String, String)> {
         self.json()[list]
             .as_array()
             .unwrap_or_else(|| panic!("no {list} in {}", self.stdout))
@@ -73,7 +73,7 @@ fn command(bin: &str, kubeconfig: &Path, args: &[&str]) -> tokio::process::Comma
     cmd
 }
 
-async fn run(bin: &str, kubeconfig: &Path, args: &[&str]) -> Run {
+pub async fn run(bin: &str, kubeconfig: &Path, args: &[&str]) -> Run {
     let out = tokio::time::timeout(
         Duration::from_secs(60),
         command(bin, kubeconfig, args).output(),

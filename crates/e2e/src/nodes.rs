@@ -55,11 +55,20 @@ pub async fn report_ready(client: &kube::Client, name: &str) -> anyhow::Result<(
 
 /// A DeviceClass `name` selecting the devices of the driver of that name.
 pub async fn create_device_class(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    create_device_class_for_driver(client, name, name).await
+}
+
+/// A DeviceClass `name` selecting the devices of `driver`.
+pub async fn create_device_class_for_driver(
+    client: &kube::Client,
+    name: &str,
+    driver: &str,
+) -> anyhow::Result<()> {
     Api::<DeviceClass>::all(client.clone())
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"selectors": [
-                {"cel": {"expression": format!("device.driver == '{name}'")}}]}}))?,
+                {"cel": {"expression": format!("device.driver == '{driver}'")}}]}}))?,
         )
         .await?;
     Ok(())

@@ -292,6 +292,29 @@ async fn list_claims(ctx: &Context) -> Result<Vec<ClaimView>, SyncError> {
     Ok(claims)
 }
 
+/// Tells the pod's kubelet that its devices are allocated, by setting
+/// [`crate::naming::DEVICES_ALLOCATED_ANNOTATION`]. Best effort: without
+/// it the kubelet still prepares, after its back-off.
+pub async fn wake_kubelet(ctx: &Context, pod: &PodView) {
+    let api: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(ctx.client.clone(), pod.namespace());
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string();
+    let patch =
+        json!({"metadata": {"annotations": {crate::naming::DEVICES_ALLOCATED_ANNOTATION: now}}});
+    let params = PatchParams {
+        field_manager: Some(crate::naming::FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    match api.patch(pod.name(), &params, &Patch::Merge(&patch)).await {
+        Ok(_) => debug!("annotated the pod so that its kubelet prepares its devices now"),
+        Err(err) => {
+            debug!(error = %err, "could not annotate the pod; its kubelet prepares after its back-off")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

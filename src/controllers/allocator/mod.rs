@@ -37,7 +37,7 @@ use crate::runtime::informer::Informer;
 use crate::runtime::reachability::Reachability;
 use crate::runtime::store::{Store, object_key};
 use crate::workqueue::WorkQueue;
-use attempt::{Attempt, Wanted, allocate_for_pod};
+use attempt::{Attempt, Wanted, allocate_for_pod, wake_kubelet};
 use decide::{Lookup, claims_to_allocate};
 use metrics::AllocatorMetrics;
 use state::Allocation;
@@ -301,7 +301,11 @@ impl Controller {
             })
             .collect();
         match allocate_for_pod(&self.ctx, &pod, &wanted).await? {
-            Attempt::Allocated | Attempt::NothingToDo => Ok(None),
+            Attempt::Allocated => {
+                wake_kubelet(&self.ctx, &pod).await;
+                Ok(None)
+            }
+            Attempt::NothingToDo => Ok(None),
             // Woken by slice, class and claim changes; this is the net
             // under those.
             Attempt::Waiting => Ok(Some(RECHECK_WAITING)),
