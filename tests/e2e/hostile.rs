@@ -21,7 +21,7 @@ use crate::rbac;
 /// `GET https://addr/metrics` with `token` as bearer (none: no header),
 /// trusting any certificate (the controller's is self-signed); returns the
 /// status and the body.
-async fn scrape_https(addr: SocketAddr, token: Option<&str>) -> anyhow::Result<(u16, String)> {
+pub async fn scrape_https(addr: SocketAddr, token: Option<&str>) -> anyhow::Result<(u16, String)> {
     let mut config = kube::Config::new(format!("https://{addr}").parse()?);
     config.accept_invalid_certs = true;
     config.read_timeout = Some(Duration::from_secs(20));

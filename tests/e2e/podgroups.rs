@@ -25,6 +25,7 @@ fn apiserver() -> ApiserverOptions {
             "DRAWorkloadResourceClaims=true".into(),
         ],
         runtime_config: vec!["scheduling.k8s.io/v1alpha2=true".into()],
+        ..ApiserverOptions::default()
     }
 }
 

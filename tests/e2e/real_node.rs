@@ -409,3 +409,244 @@ async fn drain_order_on_a_real_node() {
     drop(node);
     t.finish();
 }
+
+/// The chart as an admin installs it, on the real node: the controller's
+/// image made here without Docker (`dra_e2e::image`), rendered with values
+/// a user sets (pod network without kube-proxy: `extraEnv` naming the API
+/// server), applied, two replicas. Both become Ready, one holds the Lease,
+/// claims are made by it (its service account: no other controller runs),
+/// `/metrics` over HTTPS answers 401 without a token and 200 with one bound
+/// to the chart's metrics-reader role, and deleting the leader's pod hands
+/// over within 20 s with no claim made twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_runs_on_a_real_node() {
+    const NAME: &str = "the_chart_runs_on_a_real_node";
+    const IMAGE: &str = "dra-claim-controller.local/dra-claim-controller";
+    if !can_run(NAME) {
+        return;
+    }
+    let Some(scheduler_bin) = crate::scheduler::binary_or_skip(NAME) else {
+        return;
+    };
+    let Some(kcm_bin) = crate::reference::binary_or_skip(NAME) else {
+        return;
+    };
+    let apiserver = crate::cluster::ApiserverOptions {
+        serve_pods: true,
+        ..Default::default()
+    };
+    let Some(mut t) = TestCtx::isolated_with(NAME, ControllerOpts::default(), 0, &apiserver).await
+    else {
+        return;
+    };
+    let cluster = &t.isolated_env().cluster;
+    let port = cluster
+        .url()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_string();
+    let node = RealNode::start(cluster, NODE).await.expect("real node");
+    let _scheduler = Scheduler::start(&scheduler_bin, cluster)
+        .await
+        .expect("kube-scheduler");
+    // What a cluster's kube-controller-manager does for a Deployment with
+    // a service account (not the claim controller: that is the chart's).
+    let _kcm = crate::reference::Reference::start_controllers_with(
+        &kcm_bin,
+        cluster,
+        &[
+            "serviceaccount-controller",
+            "root-ca-certificate-publisher-controller",
+            "service-ca-certificate-publisher-controller",
+            "deployment-controller",
+            "replicaset-controller",
+            "garbage-collector-controller",
+        ],
+        &[format!("--root-ca-file={}", cluster.ca_file().display())],
+    )
+    .await
+    .expect("kube-controller-manager");
+
+    let version = env!("CARGO_PKG_VERSION");
+    let binary = crate::cluster::controller_binary().expect("controller binary");
+    let archive = dra_e2e::image::write_controller_archive(
+        &binary,
+        &node.dir.join("controller-image"),
+        &format!("{IMAGE}:{version}"),
+    )
+    .expect("controller image");
+    real_node::import_archive(&node, &archive).expect("import the controller image");
+
+    let values = format!(
+        "replicas: 2\n\
+         image:\n  repository: {IMAGE}\n  tag: \"{version}\"\n  pullPolicy: Never\n\
+         extraEnv:\n\
+         \x20 - name: KUBERNETES_SERVICE_HOST\n    value: \"{gateway}\"\n\
+         \x20 - name: KUBERNETES_SERVICE_PORT\n    value: \"{port}\"\n",
+        gateway = real_node::POD_GATEWAY_IP,
+    );
+    let rendered = match crate::helm::render_chart_with_values(
+        crate::rbac::RELEASE,
+        crate::rbac::SYSTEM_NAMESPACE,
+        &values,
+        &[],
+    ) {
+        Ok(Some(yaml)) => yaml,
+        Ok(None) => {
+            println!("SKIP: {NAME}: Helm is not available to render the chart");
+            return;
+        }
+        Err(e) => panic!("render the chart: {e}"),
+    };
+    let applied = crate::helm::apply_rendered(&t.client, &rendered)
+        .await
+        .expect("apply the rendered chart");
+
+    let controller_pods: Api<Pod> =
+        Api::namespaced(t.client.clone(), crate::rbac::SYSTEM_NAMESPACE);
+    let selector = "app.kubernetes.io/name=dra-claim-controller";
+    let installed = Instant::now();
+    let ready_pods = async || -> anyhow::Result<Vec<Pod>> {
+        let list = controller_pods
+            .list(&kube::api::ListParams::default().labels(selector))
+            .await?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .collect())
+    };
+    let pods = wait_for(
+        "both replicas Ready",
+        Duration::from_secs(120),
+        async || {
+            let ready = ready_pods().await?;
+            ensure!(ready.len() == 2, "{} Ready", ready.len());
+            Ok(ready)
+        },
+    )
+    .await;
+    let both_ready = installed.elapsed();
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(t.client.clone(), crate::rbac::SYSTEM_NAMESPACE);
+    let holder = async || -> anyhow::Result<String> {
+        Ok(leases
+            .get(crate::rbac::LEASE_NAME)
+            .await?
+            .spec
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default())
+    };
+    let names: Vec<String> = pods
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    let leader = wait_for("one replica to hold the Lease", TIMEOUT, async || {
+        let h = holder().await?;
+        names
+            .iter()
+            .find(|n| h.starts_with(n.as_str()))
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("holder {h:?} is none of {names:?}"))
+    })
+    .await;
+
+    // Claims are made by the chart's controller (nothing else runs one).
+    create_template(&t).await;
+    let created = Instant::now();
+    t.pods()
+        .create(&PostParams::default(), &pod("first", "sleep 2", None))
+        .await
+        .expect("create pod");
+    let first_running = until_phase(&t, "first", "Running", created).await;
+
+    // The secure metrics port of the leader, from its pod address.
+    let leader_pod = pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(leader.as_str()))
+        .unwrap();
+    let ip = leader_pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .expect("pod IP");
+    let metrics: std::net::SocketAddr = format!("{ip}:8080").parse().unwrap();
+    let (code, _) = crate::hostile::scrape_https(metrics, None).await.unwrap();
+    assert_eq!(code, 401, "no token");
+    let reader = crate::rbac::service_account_with_role(
+        &t.client,
+        "scraper",
+        Some(crate::rbac::METRICS_READER_ROLE),
+    )
+    .await
+    .unwrap();
+    let (code, body) = crate::hostile::scrape_https(metrics, Some(&reader))
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "a metrics-reader token: {body}");
+    assert!(body.contains("workqueue_depth"), "{body}");
+
+    // Hand-over: the leader's pod is deleted as a rollout or a drain does.
+    let deleting = Instant::now();
+    controller_pods
+        .delete(&leader, &Default::default())
+        .await
+        .expect("delete the leader's pod");
+    let new_leader = wait_for(
+        "another replica to take the Lease",
+        Duration::from_secs(60),
+        async || {
+            let h = holder().await?;
+            ensure!(
+                !h.is_empty() && !h.starts_with(leader.as_str()),
+                "held by {h:?}"
+            );
+            Ok(h)
+        },
+    )
+    .await;
+    let handed_over = deleting.elapsed();
+    let created = Instant::now();
+    t.pods()
+        .create(&PostParams::default(), &pod("second", "sleep 2", None))
+        .await
+        .expect("create pod");
+    let second_running = until_phase(&t, "second", "Running", created).await;
+    let claims = t.all_claims().await.unwrap();
+    for name in ["first", "second"] {
+        let owned = claims
+            .iter()
+            .filter(|c| {
+                c.metadata
+                    .owner_references
+                    .as_ref()
+                    .is_some_and(|o| o.iter().any(|o| o.name == name))
+            })
+            .count();
+        assert!(owned <= 1, "pod {name} has {owned} claims");
+    }
+    println!(
+        "REAL NODE: {NAME}: {applied} objects applied, both replicas Ready after {:.1}s, leader \
+         {leader}; a pod with a claim Running {:.2}s after creation; /metrics 401 without a \
+         token, 200 with a metrics-reader token; leader pod deleted: Lease taken by {new_leader} \
+         after {:.1}s; the next pod Running {:.2}s after creation",
+        both_ready.as_secs_f64(),
+        first_running.as_secs_f64(),
+        handed_over.as_secs_f64(),
+        second_running.as_secs_f64()
+    );
+    assert!(
+        handed_over <= Duration::from_secs(20),
+        "hand-over took {handed_over:?}"
+    );
+    drop(node);
+    t.finish();
+}

@@ -147,6 +147,13 @@ pub struct ApiserverOptions {
     pub feature_gates: Vec<String>,
     /// Added to `--runtime-config` (e.g. `scheduling.k8s.io/v1alpha2=true`).
     pub runtime_config: Vec<String>,
+    /// Serve pods of a real node's pod network, as a cluster's API server
+    /// does: listen on every address (reachable at the pod network's
+    /// gateway, [`crate::real_node::POD_GATEWAY_IP`], which the serving
+    /// certificate names) and keep the ServiceAccount admission plugin, so
+    /// that pods get their service account's token (kube-controller-manager
+    /// must then run the service-account controllers).
+    pub serve_pods: bool,
 }
 
 impl Cluster {
@@ -430,7 +437,11 @@ async fn start_apiserver(
         let p = |p: &Path| p.display().to_string();
         let mut args: Vec<String> = vec![
             format!("--etcd-servers={etcd_url}"),
-            "--bind-address=127.0.0.1".into(),
+            if options.serve_pods {
+                "--bind-address=0.0.0.0".into()
+            } else {
+                "--bind-address=127.0.0.1".into()
+            },
             "--advertise-address=127.0.0.1".into(),
             format!("--secure-port={port}"),
             format!("--cert-dir={}", p(&cert_dir)),
@@ -445,7 +456,11 @@ async fn start_apiserver(
             format!("--runtime-config={runtime_config}"),
             // No kube-controller-manager runs, so no namespace ever gets its
             // "default" ServiceAccount; without this every pod is refused.
-            "--disable-admission-plugins=ServiceAccount".into(),
+            if options.serve_pods {
+                "--disable-admission-plugins=".into()
+            } else {
+                "--disable-admission-plugins=ServiceAccount".into()
+            },
             // Nothing to reconcile the "kubernetes" Service endpoints for.
             "--endpoint-reconciler-type=none".into(),
             "--enable-priority-and-fairness=false".into(),

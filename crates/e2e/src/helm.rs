@@ -382,3 +382,40 @@ fn run_render(
         ))
     }
 }
+
+/// Applies every document of a rendered chart to the API server, as
+/// `kubectl apply --server-side` would (kinds found by discovery, so CRDs,
+/// Deployments, PodDisruptionBudgets and the rest go as they are).
+pub async fn apply_rendered(client: &kube::Client, yaml: &str) -> anyhow::Result<usize> {
+    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+    use kube::discovery::{Discovery, Scope};
+    let docs = parse_documents(yaml).map_err(|e| anyhow::anyhow!(e))?;
+    let discovery = Discovery::new(client.clone()).run().await?;
+    let params = PatchParams::apply("dra-e2e").force();
+    let mut applied = 0;
+    for doc in docs {
+        let obj: DynamicObject = serde_yaml::from_value(doc.clone())?;
+        let types = obj
+            .types
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("a document without apiVersion/kind"))?;
+        let gvk = kube::api::GroupVersionKind::try_from(&types)?;
+        let (resource, caps) = discovery
+            .resolve_gvk(&gvk)
+            .ok_or_else(|| anyhow::anyhow!("the API server does not serve {gvk:?}"))?;
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Namespaced => Api::namespaced_with(
+                client.clone(),
+                obj.metadata.namespace.as_deref().unwrap_or("default"),
+                &resource,
+            ),
+            Scope::Cluster => Api::all_with(client.clone(), &resource),
+        };
+        api.patch(&name, &params, &Patch::Apply(&obj))
+            .await
+            .map_err(|e| anyhow::anyhow!("apply {} {name}: {e}", types.kind))?;
+        applied += 1;
+    }
+    Ok(applied)
+}

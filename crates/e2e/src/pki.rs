@@ -50,10 +50,15 @@ pub fn generate(dir: &Path) -> anyhow::Result<Pki> {
     run("openssl", &csr_args, dir)?;
     std::fs::write(
         dir.join("server.ext"),
-        "basicConstraints=CA:FALSE\n\
-         keyUsage=critical,digitalSignature,keyEncipherment\n\
-         extendedKeyUsage=serverAuth\n\
-         subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        // The pod network's gateway too: pods on a real node reach the
+        // API server there (crate::real_node).
+        format!(
+            "basicConstraints=CA:FALSE\n\
+             keyUsage=critical,digitalSignature,keyEncipherment\n\
+             extendedKeyUsage=serverAuth\n\
+             subjectAltName=IP:127.0.0.1,DNS:localhost,IP:{}\n",
+            crate::real_node::POD_GATEWAY_IP
+        ),
     )?;
     run(
         "openssl",

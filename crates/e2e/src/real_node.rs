@@ -50,6 +50,13 @@ const NODE_VETH: &str = "dra-e2e-n";
 /// namespace: a /30 of the harness's own, on this machine only.
 const NODE_IP: &str = "10.213.77.1";
 const PEER_IP: &str = "10.213.77.2";
+/// The pod network: a bridge on this machine with pods' addresses from
+/// this /24 (CNI bridge + host-local), the host's address on the bridge
+/// being the gateway. Pods reach the API server there
+/// ([`crate::cluster::ApiserverOptions::serve_pods`]).
+pub const POD_GATEWAY_IP: &str = "10.213.78.1";
+const POD_SUBNET: &str = "10.213.78.0/24";
+const POD_BRIDGE: &str = "dra-e2e-br0";
 const SYSCTLS: [&str; 3] = [
     "kernel/panic",
     "kernel/panic_on_oops",
@@ -115,6 +122,8 @@ fn node_lock() -> Arc<Mutex<()>> {
 
 /// Host state the kubelet changes, recorded before it starts.
 struct HostState {
+    /// Network namespaces that existed before the node started.
+    namespaces: Vec<String>,
     sysctls: Vec<(String, String)>,
     /// `(restore command, saved tables)` for iptables and ip6tables.
     tables: Vec<(&'static str, Vec<u8>)>,
@@ -139,7 +148,11 @@ impl HostState {
             out.status.success().then_some((restore, out.stdout))
         })
         .collect();
-        Self { sysctls, tables }
+        Self {
+            namespaces: network_namespaces(),
+            sysctls,
+            tables,
+        }
     }
 
     fn restore(&self) {
@@ -331,6 +344,7 @@ impl Drop for RealNode {
         kill_matching(&self.containerd_sock.display().to_string());
         unmount_below(&self.dir);
         remove_pod_cgroups();
+        remove_pod_namespaces(&self.host.namespaces);
         teardown_network();
         self.host.restore();
         let _ = &self.kubelet_root;
@@ -375,19 +389,48 @@ fn setup_network() -> anyhow::Result<()> {
 fn teardown_network() {
     let _ = ip(&["link", "del", HOST_VETH]);
     let _ = ip(&["netns", "del", NETNS]);
+    let _ = ip(&["link", "del", POD_BRIDGE]);
+}
+
+/// The network namespaces of this node's pods (`cni-…`, made by
+/// containerd) that outlived it.
+fn remove_pod_namespaces(before: &[String]) {
+    for ns in network_namespaces() {
+        if ns.starts_with("cni-") && !before.contains(&ns) {
+            let _ = ip(&["netns", "del", &ns]);
+        }
+    }
+}
+
+fn network_namespaces() -> Vec<String> {
+    Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn start_containerd(dir: &Path, sock: &Path) -> anyhow::Result<Proc> {
     let config = dir.join("containerd.toml");
     let cni_conf = dir.join("cni-conf");
     std::fs::create_dir_all(&cni_conf)?;
-    // A loopback-only network: pods here use the host network; this only
-    // lets the runtime report its network ready.
+    // A bridge on this machine: pods reach each other and the host (the
+    // gateway), nothing else (no masquerading, no route out).
     std::fs::write(
         cni_conf.join("10-dra-e2e.conflist"),
         serde_json::to_string(&json!({
             "cniVersion": "1.0.0", "name": "dra-e2e",
-            "plugins": [{"type": "loopback"}]
+            "plugins": [
+                {"type": "bridge", "bridge": POD_BRIDGE, "isGateway": true, "ipMasq": false,
+                 "ipam": {"type": "host-local", "dataDir": dir.join("cni-ipam").display().to_string(),
+                          "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY_IP}]]}},
+                {"type": "loopback"}
+            ]
         }))?,
     )?;
     let toml = format!(

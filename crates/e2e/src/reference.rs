@@ -58,6 +58,17 @@ impl Reference {
         cluster: &Cluster,
         controllers: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_controllers_with(binary, cluster, controllers, &[]).await
+    }
+
+    /// [`Reference::start_controllers`] with `extra` flags (e.g.
+    /// `--root-ca-file` for the root CA publisher).
+    pub async fn start_controllers_with(
+        binary: &Path,
+        cluster: &Cluster,
+        controllers: &[&str],
+        extra: &[String],
+    ) -> anyhow::Result<Self> {
         Self::start_with_flags(binary, cluster, |port| {
             let mut flags = base_flags(cluster, port);
             for flag in &mut flags {
@@ -70,6 +81,7 @@ impl Reference {
                 "--kube-api-burst=1000".into(),
                 "--v=2".into(),
             ]);
+            flags.extend(extra.iter().cloned());
             flags
         })
         .await
