@@ -14,6 +14,9 @@
 //! Run: `cargo bench --bench lifecycle -- --pods 1000 --kube-api-qps 20 --kube-api-burst 30`
 //! The admin guide's scale test, with a real kube-scheduler and a sweep over
 //! `--kube-api-qps`: `cargo bench --bench lifecycle -- --scale` (see `scale.rs`).
+//! Pod start-up on a real node (kubelet, containerd, the DRA test driver),
+//! ours against the reference: `cargo bench --bench lifecycle -- --real-node`
+//! (see `real_node.rs`).
 //! (`--help` lists the flags). On a busy machine add `--rounds 2`: the
 //! controllers then alternate in turn and the table shows medians.
 //! Nothing here asserts on time: it measures and reports.
@@ -25,6 +28,8 @@ use dra_e2e::{cluster, helm, procs, rawhttp, reference, scheduler};
 
 #[path = "lifecycle/load.rs"]
 mod load;
+#[path = "lifecycle/real_node.rs"]
+mod real_node;
 #[path = "lifecycle/report.rs"]
 mod report;
 #[path = "lifecycle/scale.rs"]
@@ -88,6 +93,9 @@ pub struct Args {
     /// The admin guide's scale test (`--scale`) and its flags.
     #[command(flatten)]
     pub scale: scale::ScaleArgs,
+    /// Pod start-up on a real node (`--real-node`) and its flags.
+    #[command(flatten)]
+    pub real_node: real_node::RealNodeArgs,
     /// Passed by `cargo bench`; without it the binary was started by
     /// `cargo test` and does nothing.
     #[arg(long, hide = true)]
@@ -142,6 +150,9 @@ async fn run(args: &Args, bins: &Binaries) -> anyhow::Result<()> {
     under_test::describe_binaries(reference.as_deref());
     if args.scale.scale {
         return scale::run(args, bins, reference.as_deref()).await;
+    }
+    if args.real_node.real_node {
+        return real_node::run(args, bins, reference.as_deref()).await;
     }
     let kinds: Vec<Kind> = args
         .controllers

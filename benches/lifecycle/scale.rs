@@ -112,7 +112,7 @@ pub struct Percentiles {
     pub p99: f64,
 }
 
-fn percentiles(v: Vec<Duration>) -> Percentiles {
+pub fn percentiles(v: Vec<Duration>) -> Percentiles {
     if v.is_empty() {
         return Percentiles::default();
     }

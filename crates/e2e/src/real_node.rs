@@ -40,7 +40,7 @@ pub const DEVICE_CLASS: &str = "real-node.e2e.example.com";
 pub const BUSYBOX_IMAGE: &str = "dra-e2e.local/busybox:1";
 /// The sandbox image containerd starts for each pod (busybox sleeping).
 pub const PAUSE_IMAGE: &str = "dra-e2e.local/pause:1";
-/// Devices the driver publishes on the node.
+/// Devices the driver publishes on the node (unless started with more).
 pub const DEVICES: u32 = 4;
 
 const NETNS: &str = "dra-e2e-node";
@@ -210,6 +210,15 @@ impl RealNode {
     /// the local images, the kubelet registered and Ready, the driver's
     /// ResourceSlice published, and [`DEVICE_CLASS`] created.
     pub async fn start(cluster: &Cluster, name: &str) -> anyhow::Result<Self> {
+        Self::start_with_devices(cluster, name, DEVICES).await
+    }
+
+    /// [`RealNode::start`] with `devices` devices published by the driver.
+    pub async fn start_with_devices(
+        cluster: &Cluster,
+        name: &str,
+        devices: u32,
+    ) -> anyhow::Result<Self> {
         let turn = node_lock().lock_owned().await;
         let bins = binaries().context("no kube-apiserver")?;
         let kubelet_bin = beside_apiserver(&bins, "kubelet").context("no kubelet")?;
@@ -268,7 +277,7 @@ impl RealNode {
             "--v=5".into(),
             "kubelet-plugin".into(),
             format!("--node-name={name}"),
-            format!("--num-devices={DEVICES}"),
+            format!("--num-devices={devices}"),
             format!(
                 "--plugin-registration-path={}",
                 node.kubelet_root.join("plugins_registry").display()
@@ -280,7 +289,7 @@ impl RealNode {
         crate::nodes::create_device_class_for_driver(&client, DEVICE_CLASS, DRIVER).await?;
         wait_slice(&client, name, node.driver.as_ref().context("driver")?).await?;
         eprintln!(
-            "e2e: real node {name} up in {:.1}s (kubelet, containerd, {DRIVER} with {DEVICES} devices; dir {})",
+            "e2e: real node {name} up in {:.1}s (kubelet, containerd, {DRIVER} with {devices} devices; dir {})",
             started.elapsed().as_secs_f64(),
             node.dir.display()
         );
