@@ -125,3 +125,38 @@ fn readme_states_the_transport_constants() {
         ],
     );
 }
+
+/// The README stays a front door: under 25,000 characters, with a table of
+/// contents whose links name its own sections; the rest lives in docs/.
+#[test]
+fn readme_is_a_front_door() {
+    let readme = read("README.md");
+    let chars = readme.chars().count();
+    assert!(
+        chars < 25_000,
+        "README.md has {chars} characters; move reference material to docs/"
+    );
+    let headings: Vec<String> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(|h| {
+            h.to_lowercase()
+                .chars()
+                .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-')
+                .collect::<String>()
+                .replace(' ', "-")
+        })
+        .collect();
+    let anchors: Vec<&str> = readme
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("- [")?.split_once("](#"))
+        .filter_map(|(_, rest)| rest.split_once(')').map(|(a, _)| a))
+        .collect();
+    assert!(anchors.len() >= 6, "no table of contents: {anchors:?}");
+    for anchor in anchors {
+        assert!(
+            headings.iter().any(|h| h == anchor),
+            "the contents link #{anchor} names no section"
+        );
+    }
+}
