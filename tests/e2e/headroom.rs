@@ -95,7 +95,7 @@ async fn gpu_pool(admin: &kube::Client, driver: &str, nodes: &[(&str, usize)]) {
 
 /// A watermark spec of 50 % on pool `gpu` with one device entry `gpu`
 /// (one device of class `driver` per placeholder, at least `min`).
-fn device_watermark(driver: &str, min: u32) -> Value {
+pub(crate) fn device_watermark(driver: &str, min: u32) -> Value {
     json!({"watermarkPercentage": 50, "nodeSelector": {"pool": "gpu"},
            "devices": [{"name": "gpu", "deviceClassName": driver, "minPlaceholders": min}]})
 }

@@ -650,3 +650,107 @@ async fn the_chart_runs_on_a_real_node() {
     drop(node);
     t.finish();
 }
+
+/// Headroom's yield on a real node: two device placeholders hold both
+/// devices of the node (really running, their claims really prepared); a
+/// higher-priority pod asking for a device is found unschedulable, a
+/// placeholder yields (the kubelet kills it, the driver unprepares its
+/// claim, the claim is released), and the pod runs. Its create -> Running
+/// is recorded beside the same pod's on a node with a free device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headroom_yields_on_a_real_node() {
+    use crate::headroom::{
+        device_watermark, gpu_job, gpu_job_template, headroom_with_flags, priority_classes,
+        scheduler_and_workload_controllers, wait_entry,
+    };
+    const NAME: &str = "headroom_yields_on_a_real_node";
+    if !can_run(NAME) {
+        return;
+    }
+    let Some(scheduler_bin) = crate::scheduler::binary_or_skip(NAME) else {
+        return;
+    };
+    let Some(kcm_bin) = crate::reference::binary_or_skip(NAME) else {
+        return;
+    };
+    let setup = async |admin: &kube::Client| priority_classes(admin).await;
+    let spec = device_watermark(DEVICE_CLASS, 2);
+    let Some((mut t, watermarks)) = headroom_with_flags(NAME, &[], setup, spec).await else {
+        return;
+    };
+    let client = t.client.clone();
+    let cluster = &t.isolated_env().cluster;
+    let node = RealNode::start_with_devices(cluster, NODE, 2)
+        .await
+        .expect("real node");
+    Api::<Node>::all(client)
+        .patch(
+            NODE,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"pool": "gpu"}}})),
+        )
+        .await
+        .expect("label the node");
+    let (_scheduler, _kcm) =
+        scheduler_and_workload_controllers(cluster, &scheduler_bin, &kcm_bin).await;
+    wait_entry(
+        &watermarks,
+        "pool",
+        "gpu",
+        json!({"devicesTotal": 2, "devicesHeld": 2, "readyPlaceholders": 2}),
+    )
+    .await;
+    let unprepared_before = node.driver_log_lines("NodeUnprepareResources").len();
+
+    gpu_job_template(&t, DEVICE_CLASS).await;
+    let created = Instant::now();
+    gpu_job(&t.pods(), "job").await;
+    let through_yield = until_phase(&t, "job", "Running", created).await;
+    // The yielded placeholder's claim is unprepared by its kubelet after
+    // the placeholder's containers stopped; the log line may come a moment
+    // after the job started (its claim is released once the pod is terminal).
+    let unprepared = wait_for(
+        "the yielded placeholder's claim to be unprepared",
+        RUN_BOUND,
+        async || {
+            let n = node.driver_log_lines("NodeUnprepareResources").len() - unprepared_before;
+            ensure!(n >= 1, "no unprepare yet");
+            Ok(n)
+        },
+    )
+    .await;
+
+    // The same pod with a device free: the watermark goes (its placeholders
+    // with it), the first job ends.
+    watermarks
+        .delete("pool", &Default::default())
+        .await
+        .expect("delete the watermark");
+    t.pods()
+        .delete("job", &Default::default())
+        .await
+        .expect("delete the job");
+    wait_for("the node's devices to be free", RUN_BOUND, async || {
+        let held = t
+            .all_claims()
+            .await?
+            .iter()
+            .filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()))
+            .count();
+        ensure!(held == 0, "{held} claims allocated");
+        Ok(())
+    })
+    .await;
+    let created = Instant::now();
+    gpu_job(&t.pods(), "job-free").await;
+    let free = until_phase(&t, "job-free", "Running", created).await;
+    println!(
+        "REAL NODE: {NAME}: a pod that needs a placeholder's device Running {:.2}s after \
+         creation ({unprepared} placeholder claim(s) unprepared by the driver); the same pod \
+         with a free device {:.2}s",
+        through_yield.as_secs_f64(),
+        free.as_secs_f64()
+    );
+    drop(node);
+    t.finish();
+}

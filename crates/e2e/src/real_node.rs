@@ -40,6 +40,8 @@ pub const DEVICE_CLASS: &str = "real-node.e2e.example.com";
 pub const BUSYBOX_IMAGE: &str = "dra-e2e.local/busybox:1";
 /// The sandbox image containerd starts for each pod (busybox sleeping).
 pub const PAUSE_IMAGE: &str = "dra-e2e.local/pause:1";
+/// The upstream pause image's name, served here by a local busybox image.
+pub const UPSTREAM_PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
 /// Devices the driver publishes on the node (unless started with more).
 pub const DEVICES: u32 = 4;
 
@@ -507,13 +509,13 @@ fn import_images(dir: &Path, sock: &Path) -> anyhow::Result<()> {
             std::os::unix::fs::symlink("busybox", &link)?;
         }
     }
+    let sleeper = json!(["/bin/busybox", "sleep", "2147483647"]);
     let images = [
         (BUSYBOX_IMAGE, json!(["/bin/sh"]), json!([])),
-        (
-            PAUSE_IMAGE,
-            json!(["/bin/busybox", "sleep", "2147483647"]),
-            json!([]),
-        ),
+        (PAUSE_IMAGE, sleeper.clone(), json!([])),
+        // Under the name headroom placeholders and other manifests use by
+        // default, so they run here without a registry.
+        (UPSTREAM_PAUSE_IMAGE, sleeper, json!([])),
     ];
     for (i, (name, entrypoint, cmd)) in images.iter().enumerate() {
         let archive = crate::image::write_docker_archive(
