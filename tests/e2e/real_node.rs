@@ -139,6 +139,17 @@ async fn scheduled_bed(name: &'static str) -> Option<(TestCtx, RealNode, Schedul
     Some((t, node, scheduler))
 }
 
+/// kube-scheduler and kube-controller-manager for a real-node test, or
+/// `None` after one SKIP line naming what is missing.
+fn control_plane_binaries(name: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    if !can_run(name) {
+        return None;
+    }
+    let scheduler = crate::scheduler::binary_or_skip(name)?;
+    let kcm = crate::reference::binary_or_skip(name)?;
+    Some((scheduler, kcm))
+}
+
 /// A pod with a template claim is scheduled by kube-scheduler, its claim
 /// prepared by the driver, it runs and finishes; the driver unprepares and
 /// the controller deletes the claim.
@@ -422,13 +433,7 @@ async fn drain_order_on_a_real_node() {
 async fn the_chart_runs_on_a_real_node() {
     const NAME: &str = "the_chart_runs_on_a_real_node";
     const IMAGE: &str = "dra-claim-controller.local/dra-claim-controller";
-    if !can_run(NAME) {
-        return;
-    }
-    let Some(scheduler_bin) = crate::scheduler::binary_or_skip(NAME) else {
-        return;
-    };
-    let Some(kcm_bin) = crate::reference::binary_or_skip(NAME) else {
+    let Some((scheduler_bin, kcm_bin)) = control_plane_binaries(NAME) else {
         return;
     };
     let apiserver = crate::cluster::ApiserverOptions {
@@ -664,13 +669,7 @@ async fn headroom_yields_on_a_real_node() {
         scheduler_and_workload_controllers, wait_entry,
     };
     const NAME: &str = "headroom_yields_on_a_real_node";
-    if !can_run(NAME) {
-        return;
-    }
-    let Some(scheduler_bin) = crate::scheduler::binary_or_skip(NAME) else {
-        return;
-    };
-    let Some(kcm_bin) = crate::reference::binary_or_skip(NAME) else {
+    let Some((scheduler_bin, kcm_bin)) = control_plane_binaries(NAME) else {
         return;
     };
     let setup = async |admin: &kube::Client| priority_classes(admin).await;
