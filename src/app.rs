@@ -258,6 +258,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 prioritized_list: args.feature_gates.gates.prioritized_list,
             },
             &identity,
+            controller.reachability().clone(),
         )?;
         tokio::spawn(headroom.clone().run_watches());
         Some(headroom)

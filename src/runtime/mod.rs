@@ -3,7 +3,7 @@
 //! transport where no dead connection holds a request ([`transport`]), watches
 //! ([`informer`], in protobuf where a view reads it: [`protobuf`]) feeding
 //! indexed stores ([`store`]), errors that decide
-//! retries ([`error`]), Warning events ([`events`]), holding work through
+//! retries ([`error`]) by one policy for every worker ([`retry`]), Warning events ([`events`]), holding work through
 //! an API server outage ([`reachability`]), Lease election ([`leader`]),
 //! and the HTTP endpoints with their exposition ([`http`], [`exposition`]),
 //! their certificate ([`tls`]) and who may read them ([`delegated`]).
@@ -20,6 +20,7 @@ pub mod priority;
 pub mod protobuf;
 pub mod reachability;
 pub mod resource;
+pub mod retry;
 pub mod store;
 pub mod tls;
 pub mod transport;

@@ -149,7 +149,7 @@ pub struct ApiserverOptions {
     pub runtime_config: Vec<String>,
     /// Serve pods of a real node's pod network, as a cluster's API server
     /// does: listen on every address (reachable at the pod network's
-    /// gateway, [`crate::real_node::POD_GATEWAY_IP`], which the serving
+    /// gateway, [`crate::pki::POD_GATEWAY_IP`], which the serving
     /// certificate names) and keep the ServiceAccount admission plugin, so
     /// that pods get their service account's token (kube-controller-manager
     /// must then run the service-account controllers).

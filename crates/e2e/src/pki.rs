@@ -7,6 +7,11 @@ use std::path::{Path, PathBuf};
 
 use crate::procs::run;
 
+/// The gateway of a real node's pod network: the host's address on the
+/// node's bridge, where pods reach the API server; the serving certificate
+/// names it.
+pub const POD_GATEWAY_IP: &str = "10.213.78.1";
+
 #[derive(Debug, Clone)]
 pub struct Pki {
     pub ca_crt: PathBuf,
@@ -51,13 +56,13 @@ pub fn generate(dir: &Path) -> anyhow::Result<Pki> {
     std::fs::write(
         dir.join("server.ext"),
         // The pod network's gateway too: pods on a real node reach the
-        // API server there (crate::real_node).
+        // API server there.
         format!(
             "basicConstraints=CA:FALSE\n\
              keyUsage=critical,digitalSignature,keyEncipherment\n\
              extendedKeyUsage=serverAuth\n\
              subjectAltName=IP:127.0.0.1,DNS:localhost,IP:{}\n",
-            crate::real_node::POD_GATEWAY_IP
+            POD_GATEWAY_IP
         ),
     )?;
     run(

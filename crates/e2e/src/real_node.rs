@@ -55,8 +55,9 @@ const PEER_IP: &str = "10.213.77.2";
 /// The pod network: a bridge on this machine with pods' addresses from
 /// this /24 (CNI bridge + host-local), the host's address on the bridge
 /// being the gateway. Pods reach the API server there
-/// ([`crate::cluster::ApiserverOptions::serve_pods`]).
-pub const POD_GATEWAY_IP: &str = "10.213.78.1";
+/// ([`crate::cluster::ApiserverOptions::serve_pods`]; the serving
+/// certificate names it).
+pub use crate::pki::POD_GATEWAY_IP;
 const POD_SUBNET: &str = "10.213.78.0/24";
 const POD_BRIDGE: &str = "dra-e2e-br0";
 const SYSCTLS: [&str; 3] = [

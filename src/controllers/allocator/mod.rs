@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::Api;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span};
 
 use crate::model::features::FeatureGates;
 use crate::model::views::{ClaimView, NodeView, PodGroupView, PodView};
@@ -35,6 +35,7 @@ use crate::runtime::error::SyncError;
 use crate::runtime::events::EventRecorder;
 use crate::runtime::informer::Informer;
 use crate::runtime::reachability::Reachability;
+use crate::runtime::retry::requeue;
 use crate::runtime::store::{Store, object_key};
 use crate::workqueue::WorkQueue;
 use attempt::{Attempt, Wanted, allocate_for_pod, wake_kubelet};
@@ -247,33 +248,10 @@ impl Controller {
             let span = info_span!("allocate", pod = %key);
             let result = self.sync(&key).instrument(span.clone()).await;
             let _entered = span.enter();
-            match result {
-                Ok(None) => {
-                    self.ctx.reachability.report_answer();
-                    self.queue.forget(&key);
-                    debug!(elapsed_ms = started.elapsed().as_millis() as u64, "done");
-                }
-                Ok(Some(delay)) => {
-                    self.ctx.reachability.report_answer();
-                    self.queue.forget(&key);
-                    self.queue.add_after(key.clone(), delay);
-                }
-                Err(SyncError::Unreachable { .. }) if self.queue.is_shutting_down() => {}
-                Err(e @ SyncError::Unreachable { .. }) => {
-                    self.ctx.reachability.report_unreachable(&e);
-                    self.queue.add(key.clone());
-                }
-                Err(e @ SyncError::Conflict { .. }) => {
-                    self.ctx.reachability.report_answer();
-                    info!(error = %e, "retrying on fresh state");
-                    self.queue.add_rate_limited(key.clone());
-                }
-                Err(e) => {
-                    self.ctx.reachability.report_answer();
-                    warn!(error = %e, "allocation failed; retrying with backoff");
-                    self.queue.add_rate_limited(key.clone());
-                }
+            if let Ok(None) = &result {
+                debug!(elapsed_ms = started.elapsed().as_millis() as u64, "done");
             }
+            requeue(&self.queue, &self.ctx.reachability, &key, result);
             self.queue.done(&key);
         }
     }

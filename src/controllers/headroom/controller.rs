@@ -41,6 +41,8 @@ use crate::model::views::ClaimView;
 use crate::runtime::error::{SyncError, kube_err};
 use crate::runtime::events::{EventRecorder, Involved};
 use crate::runtime::informer::{Handler, Informer};
+use crate::runtime::reachability::Reachability;
+use crate::runtime::retry::requeue;
 use crate::runtime::store::{Store, object_key};
 use crate::workqueue::WorkQueue;
 
@@ -177,6 +179,9 @@ pub struct Controller {
     yields_unwritten: Mutex<HashMap<String, u64>>,
     gates: Gates,
     events: EventRecorder,
+    /// The process's view of the API server (shared with the claim
+    /// controller, whose probe ends an outage).
+    reachability: Arc<Reachability>,
 }
 
 /// A pod makes placeholders yield at most once per this, and new
@@ -232,8 +237,10 @@ impl Controller {
         yield_enabled: bool,
         gates: Gates,
         identity: &str,
+        reachability: Arc<Reachability>,
     ) -> anyhow::Result<Arc<Self>> {
         Ok(Arc::new(Controller {
+            reachability,
             events: EventRecorder::new(client.clone(), EVENT_COMPONENT, identity.to_string()),
             yield_enabled,
             promised: Mutex::default(),
@@ -345,21 +352,25 @@ impl Controller {
         }
     }
 
-    /// The one worker: syncs never overlap.
+    /// The one worker: syncs never overlap. Held while the API server is
+    /// unreachable; retries by the kind of failure (`runtime::retry`).
     pub async fn run_worker(self: Arc<Self>) {
-        while let Some(key) = self.queue.get().await {
+        loop {
+            self.reachability.wait_reachable().await;
+            let Some(key) = self.queue.get().await else {
+                return;
+            };
             // `key`: a watermark (`namespace/name`) or a pod waiting for
             // devices (`pod:namespace/name`).
-            let span = info_span!("headroom", key = %key);
+            let reason = if key.starts_with(POD_KEY_PREFIX) {
+                "pod waits for devices placeholders hold"
+            } else {
+                "watermark, its nodes or their usage changed"
+            };
+            let span = info_span!("headroom", key = %key, reason);
             let result = self.sync(&key).instrument(span.clone()).await;
             let _entered = span.enter();
-            match result {
-                Ok(()) => self.queue.forget(&key),
-                Err(err) => {
-                    warn!(error = %err, "headroom sync failed; retrying with backoff");
-                    self.queue.add_rate_limited(key.clone());
-                }
-            }
+            requeue(&self.queue, &self.reachability, &key, result.map(|()| None));
             self.queue.done(&key);
         }
     }

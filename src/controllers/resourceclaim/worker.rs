@@ -4,13 +4,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, info_span};
 
 use super::Controller;
 use super::context::Synced;
 use super::enqueue::{Why, WorkKey};
 use super::{claim, pod, podgroup};
 use crate::runtime::error::SyncError;
+use crate::runtime::retry::requeue;
 use crate::runtime::store::object_key;
 
 impl Controller {
@@ -39,15 +40,13 @@ impl Controller {
             let span = info_span!("sync", key = %key, reason = %reason);
             let result = self.sync(&key).instrument(span.clone()).await;
             let _entered = span.enter();
-            match result {
-                Ok(Synced::Done) => {
-                    self.ctx.reachability.report_answer();
-                    self.queue.forget(&key);
-                    debug!(elapsed_ms = started.elapsed().as_millis() as u64, "synced");
-                }
-                Ok(Synced::RecheckAfter(delay)) => {
-                    self.ctx.reachability.report_answer();
-                    self.queue.forget(&key);
+            let outcome = result.map(|synced| match synced {
+                Synced::Done => None,
+                Synced::RecheckAfter(delay) => Some(delay),
+            });
+            match &outcome {
+                Ok(None) => debug!(elapsed_ms = started.elapsed().as_millis() as u64, "synced"),
+                Ok(Some(delay)) => {
                     debug!(
                         delay_ms = delay.as_millis() as u64,
                         "synced; checking again later"
@@ -57,28 +56,10 @@ impl Controller {
                         .unwrap()
                         .entry(key.clone())
                         .or_insert(Why::Recheck);
-                    self.queue.add_after(key.clone(), delay);
                 }
-                Err(SyncError::Unreachable { .. }) if self.queue.is_shutting_down() => {}
-                Err(e @ SyncError::Unreachable { .. }) => {
-                    // Says nothing about the item: no backoff step, no
-                    // retry counted; the key waits for the API server.
-                    if !self.ctx.reachability.report_unreachable(&e) {
-                        debug!(error = %e, "API server still unreachable");
-                    }
-                    self.queue.add(key.clone());
-                }
-                Err(e @ SyncError::Conflict { .. }) => {
-                    self.ctx.reachability.report_answer();
-                    info!(error = %e, "retrying on fresh state");
-                    self.queue.add_rate_limited(key.clone());
-                }
-                Err(e) => {
-                    self.ctx.reachability.report_answer();
-                    warn!(error = %e, "sync failed; retrying with backoff");
-                    self.queue.add_rate_limited(key.clone());
-                }
+                Err(_) => {}
             }
+            requeue(&self.queue, &self.ctx.reachability, &key, outcome);
             self.queue.done(&key);
         }
     }
