@@ -11,7 +11,7 @@ use crate::cli::Args;
 use std::sync::Arc;
 
 use crate::controllers::allocator::{Controller as Allocator, SharedStores};
-use crate::controllers::headroom::controller::Controller as Headroom;
+use crate::controllers::headroom::Controller as Headroom;
 use crate::controllers::resourceclaim::Controller;
 use crate::runtime::client::{ClientOptions, build_client};
 use crate::runtime::delegated::Gate;
@@ -200,7 +200,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     let pod_group_api = if args.feature_gates.gates.workload_resource_claims {
-        Some(crate::controllers::resourceclaim::podgroup::discover_api(&client).await?)
+        Some(crate::controllers::resourceclaim::discover_pod_group_api(&client).await?)
     } else {
         None
     };
@@ -253,10 +253,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             client.clone(),
             &registry,
             args.headroom_yield,
-            crate::controllers::headroom::yield_choice::Gates {
-                admin_access: args.feature_gates.gates.admin_access,
-                prioritized_list: args.feature_gates.gates.prioritized_list,
-            },
+            args.feature_gates.gates,
             &identity,
             controller.reachability().clone(),
         )?;

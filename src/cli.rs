@@ -21,7 +21,10 @@ use crate::model::features::FeatureGateFlag;
     version,
     about = "Runs the DRA ResourceClaim lifecycle (kube-controller-manager's resourceclaim-controller) as its own process.",
     long_about = "Runs the DRA ResourceClaim lifecycle (kube-controller-manager's resourceclaim-controller) as its own process.\n\nWithout a subcommand it runs the controller with the flags below; drain-check and audit are read-only checks for admins (also installed as the kubectl plugin kubectl-dra).",
-    args_conflicts_with_subcommands = true
+    args_conflicts_with_subcommands = true,
+    // A flag given twice takes its last value, as kube-controller-manager's
+    // flags do: the chart's extraArgs then override its own flags.
+    args_override_self = true
 )]
 pub struct Args {
     /// A read-only check instead of the controller.
@@ -397,6 +400,20 @@ mod tests {
                 "{flag}={value}"
             );
         }
+    }
+
+    #[test]
+    fn a_repeated_flag_takes_its_last_value() {
+        let args = Args::try_parse_from([
+            "dra-claim-controller",
+            "--log-level=info",
+            "--kube-api-qps=20",
+            "--log-level=debug",
+            "--kube-api-qps=50",
+        ])
+        .expect("a repeated flag is accepted");
+        assert_eq!(args.log_level, "debug");
+        assert_eq!(args.kube_api_qps, 50.0);
     }
 
     #[test]

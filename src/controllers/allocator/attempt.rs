@@ -18,6 +18,7 @@ use super::Context;
 use crate::allocate::{self, AllocationInput, Inventory, Outcome, devices_taken};
 use crate::model::DeviceId;
 use crate::model::consumers::DELETE_PROTECTION_FINALIZER;
+use crate::model::features::FeatureGates;
 use crate::model::views::{ClaimView, PodView};
 use crate::runtime::error::{SyncError, kube_err, may_have_committed};
 use crate::runtime::store::object_key;
@@ -95,7 +96,7 @@ pub async fn allocate_for_pod(
         .map(|c| (c.metadata.name.clone().unwrap_or_default(), c))
         .collect();
     let pod_key = object_key(ns, pod.name());
-    let gates = (ctx.gates.admin_access, ctx.gates.prioritized_list);
+    let gates = ctx.gates;
     let to_plan: Vec<&ResourceClaim> = claims.iter().map(|(c, _)| c).collect();
     let plan = match plan(&to_plan, &classes, node, &inventory, in_use, gates) {
         Ok(plan) => plan,
@@ -123,14 +124,14 @@ pub async fn allocate_for_pod(
 /// An allocation for every claim, trying claim orders (an earlier claim's
 /// devices are not free for a later one); the first order's failure when
 /// none works: `(metric label, claim, reason)`.
-/// `gates`: DRAAdminAccess and DRAPrioritizedList.
+/// `gates`: the allocator reads DRAAdminAccess and DRAPrioritizedList.
 pub fn plan(
     claims: &[&ResourceClaim],
     classes: &BTreeMap<String, Arc<DeviceClass>>,
     node: &str,
     inventory: &Inventory,
     in_use: HashSet<DeviceId>,
-    gates: (bool, bool),
+    gates: FeatureGates,
 ) -> Result<Vec<AllocationResult>, (&'static str, String, String)> {
     let mut first_failure = None;
     for order in orders(claims.len()) {
@@ -145,8 +146,8 @@ pub fn plan(
                 node,
                 inventory,
                 in_use: &taken,
-                admin_access_enabled: gates.0,
-                prioritized_list_enabled: gates.1,
+                admin_access_enabled: gates.admin_access,
+                prioritized_list_enabled: gates.prioritized_list,
             });
             let name = claim.metadata.name.clone().unwrap_or_default();
             match outcome {
@@ -352,7 +353,7 @@ mod tests {
             "n",
             &inventory,
             HashSet::new(),
-            (true, true),
+            FeatureGates::default(),
         )
         .unwrap();
         let device = |r: &AllocationResult| {
@@ -378,7 +379,7 @@ mod tests {
             "n",
             inventory,
             HashSet::new(),
-            (true, true),
+            FeatureGates::default(),
         )
         .unwrap_err()
     }

@@ -96,14 +96,14 @@ impl Metrics {
         })
     }
 
-    fn set(&self, wm: &WatermarkView, observed: &Observed) {
-        self.forget(wm.namespace(), wm.name());
+    fn set(&self, namespace: &str, name: &str, observed: &Observed) {
+        self.forget_entries(namespace, name);
         self.series.lock().unwrap().insert(
-            (wm.namespace().to_string(), wm.name().to_string()),
+            (namespace.to_string(), name.to_string()),
             observed.entries.iter().map(|e| e.name.clone()).collect(),
         );
         for e in &observed.entries {
-            let labels = |state| [wm.namespace(), wm.name(), e.name.as_str(), state];
+            let labels = |state| [namespace, name, e.name.as_str(), state];
             for (state, value) in [
                 ("desired", e.desired),
                 ("ready", e.ready),
@@ -123,8 +123,14 @@ impl Metrics {
         }
     }
 
-    /// Drops every series of a watermark (deleted, or its entries changed).
+    /// Drops every series of a deleted watermark, its yields counter too.
     fn forget(&self, namespace: &str, name: &str) {
+        self.forget_entries(namespace, name);
+        let _ = self.yields.remove_label_values(&[namespace, name]);
+    }
+
+    /// Drops the per-entry series of a watermark (its entries may change).
+    fn forget_entries(&self, namespace: &str, name: &str) {
         let key = (namespace.to_string(), name.to_string());
         let entries = self.series.lock().unwrap().remove(&key).unwrap_or_default();
         for entry in &entries {
@@ -375,7 +381,29 @@ impl Controller {
         }
     }
 
+    /// Everything kept for a watermark that is gone: what was written for
+    /// it, its yields not yet in its status, its metric series.
+    fn forget_watermark(&self, namespace: &str, name: &str) {
+        let key = object_key(namespace, name);
+        self.written.lock().unwrap().remove(&key);
+        self.yields_unwritten.lock().unwrap().remove(&key);
+        self.metrics.forget(namespace, name);
+    }
+
+    /// Yields older than [`YIELD_EVERY`] hold nothing any more.
+    fn prune_yields(&self) {
+        self.promised
+            .lock()
+            .unwrap()
+            .retain(|_, p| p.at.elapsed() < YIELD_EVERY);
+        self.released
+            .lock()
+            .unwrap()
+            .retain(|_, at| at.elapsed() < YIELD_EVERY);
+    }
+
     async fn sync(&self, key: &str) -> Result<(), SyncError> {
+        self.prune_yields();
         if let Some(pod) = key.strip_prefix(POD_KEY_PREFIX) {
             return self.yield_for(pod).await;
         }
@@ -395,7 +423,7 @@ impl Controller {
             .unwrap_or(0);
         let last = before.observed.as_ref().map_or(0, |o| o.yields);
         observed.yields = wm.status.yields.max(last) + unwritten;
-        self.metrics.set(&wm, &observed);
+        self.metrics.set(wm.namespace(), wm.name(), &observed);
         let mut written = Written {
             objects: BTreeMap::new(),
             observed: before.observed.clone(),
@@ -1103,9 +1131,7 @@ impl Handler<WatermarkView> for WatermarkEvents<'_> {
             .map(|w| (object_key(w.namespace(), w.name()), Arc::new(w)))
             .collect();
         for gone in self.0.watermarks.replace(entries) {
-            self.0.metrics.forget(gone.namespace(), gone.name());
-            let key = object_key(gone.namespace(), gone.name());
-            self.0.written.lock().unwrap().remove(&key);
+            self.0.forget_watermark(gone.namespace(), gone.name());
         }
         self.0.enqueue_all();
     }
@@ -1115,10 +1141,10 @@ impl Handler<WatermarkView> for WatermarkEvents<'_> {
         self.0.enqueue(key);
     }
     fn deleted(&self, wm: WatermarkView) {
-        let key = object_key(wm.namespace(), wm.name());
-        self.0.watermarks.delete(&key);
-        self.0.written.lock().unwrap().remove(&key);
-        self.0.metrics.forget(wm.namespace(), wm.name());
+        self.0
+            .watermarks
+            .delete(&object_key(wm.namespace(), wm.name()));
+        self.0.forget_watermark(wm.namespace(), wm.name());
     }
 }
 
@@ -1172,5 +1198,61 @@ where
     fn deleted(&self, object: K) {
         self.1.delete(&(self.2)(&object));
         self.0.enqueue_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(registry: &Registry, watermark: &str) -> usize {
+        registry
+            .gather()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .filter(|m| m.get_label().iter().any(|l| l.value() == watermark))
+            .count()
+    }
+
+    #[test]
+    fn a_deleted_watermark_leaves_no_metric_series() {
+        let registry = Registry::new();
+        let metrics = Metrics::register(&registry).unwrap();
+        let observed = Observed {
+            entries: vec![
+                EntryObserved {
+                    name: "cpu".into(),
+                    desired: 2,
+                    ready: 1,
+                    pending: 1,
+                    ..EntryObserved::default()
+                },
+                EntryObserved {
+                    name: "gpu".into(),
+                    devices: Some(DeviceCount::default()),
+                    ..EntryObserved::default()
+                },
+            ],
+            ..Observed::default()
+        };
+        metrics.set("ns", "pool", &observed);
+        metrics.set("ns", "other", &observed);
+        metrics.yields.with_label_values(&["ns", "pool"]).inc();
+        // 3 placeholder states x 2 entries, 3 device states, 1 counter.
+        assert_eq!(series(&registry, "pool"), 10);
+        // An entry removed from the spec takes its series with it.
+        let fewer = Observed {
+            entries: observed.entries[..1].to_vec(),
+            ..Observed::default()
+        };
+        metrics.set("ns", "pool", &fewer);
+        assert_eq!(series(&registry, "pool"), 4);
+        metrics.forget("ns", "pool");
+        assert_eq!(series(&registry, "pool"), 0);
+        assert_eq!(
+            series(&registry, "other"),
+            9,
+            "another watermark keeps its series"
+        );
     }
 }

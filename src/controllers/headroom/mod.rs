@@ -20,3 +20,6 @@ pub mod status;
 pub mod usage;
 pub mod watermark;
 pub mod yield_choice;
+
+/// The room's door: what `app.rs` uses.
+pub use controller::Controller;

@@ -57,12 +57,9 @@ pub struct Yield {
     pub placeholders: Vec<String>,
 }
 
-/// Feature gates the allocation must respect.
-#[derive(Debug, Clone, Copy)]
-pub struct Gates {
-    pub admin_access: bool,
-    pub prioritized_list: bool,
-}
+/// Feature gates the allocation must respect (`--feature-gates`; the
+/// allocator reads DRAAdminAccess and DRAPrioritizedList).
+pub use crate::model::features::FeatureGates as Gates;
 
 /// The fewest placeholders to release, on the first node (by name) that
 /// needs the fewest; `None` when no node fits or the pod fits without a
@@ -389,6 +386,8 @@ mod tests {
     const GATES: Gates = Gates {
         admin_access: true,
         prioritized_list: true,
+        extended_resource: true,
+        workload_resource_claims: false,
     };
 
     fn choose(

@@ -56,6 +56,9 @@ use enqueue::{Why, WorkKey, pod_needs_work};
 use metrics::{ControllerMetrics, MetricsNaming};
 
 pub use context::Synced;
+/// Whether the API server serves PodGroups (the DRAWorkloadResourceClaims
+/// gate needs them), for `app.rs`.
+pub use podgroup::discover_api as discover_pod_group_api;
 
 /// The queue name, as kube-controller-manager's (`workqueue_*{name="resource_claim"}`).
 pub const QUEUE_NAME: &str = "resource_claim";

@@ -153,16 +153,35 @@ fn namespace_from_environment(explicit: Option<&str>) -> String {
     resolve_namespace(explicit, service_account.as_deref(), env.as_deref())
 }
 
-/// `hostname_<uuid>`, like client-go's default identity: the host name says
-/// which pod holds the lease, the random part keeps a restarted pod from
-/// mistaking its predecessor's lease for its own.
+/// `<pod>_<uuid>`, like client-go's default identity (`hostname_<uuid>`):
+/// the first part says which pod holds the lease, the random part keeps a
+/// restarted pod from mistaking its predecessor's lease for its own. The
+/// pod's name comes from `POD_NAME` (the chart sets it) where given: with
+/// the host network every replica on a node has the node's host name.
 pub fn default_identity() -> String {
     let host = hostname::get()
         .ok()
-        .map(|h| h.to_string_lossy().into_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown".to_owned());
-    identity_from(&host, &random_uuid())
+        .map(|h| h.to_string_lossy().into_owned());
+    let pod = std::env::var(POD_NAME_ENV).ok();
+    identity_from(
+        &holder_name(pod.as_deref(), host.as_deref()),
+        &random_uuid(),
+    )
+}
+
+/// The environment variable naming this process's pod.
+pub const POD_NAME_ENV: &str = "POD_NAME";
+
+/// Who holds the lease, before the random part: the pod's name, else the
+/// host name, else "unknown".
+fn holder_name(pod: Option<&str>, host: Option<&str>) -> String {
+    [pod, host]
+        .into_iter()
+        .flatten()
+        .map(str::trim)
+        .find(|n| !n.is_empty())
+        .unwrap_or("unknown")
+        .to_owned()
 }
 
 fn identity_from(hostname: &str, suffix: &str) -> String {
@@ -524,6 +543,16 @@ mod tests {
     #[test]
     fn identity_is_hostname_underscore_uuid() {
         assert_eq!(identity_from("node-a", "x"), "node-a_x");
+        let rows = [
+            (Some("ctl-7d9f-abcde"), Some("node-a"), "ctl-7d9f-abcde"),
+            (None, Some("node-a"), "node-a"),
+            (Some(""), Some("node-a"), "node-a"),
+            (Some(" "), None, "unknown"),
+            (None, None, "unknown"),
+        ];
+        for (pod, host, want) in rows {
+            assert_eq!(holder_name(pod, host), want, "{pod:?} {host:?}");
+        }
 
         let id = default_identity();
         let (host, uuid) = id.rsplit_once('_').expect("underscore separator");
