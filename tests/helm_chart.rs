@@ -184,9 +184,12 @@ fn values_schema_covers_every_value() {
 #[test]
 fn readme_documents_every_value() {
     let readme = std::fs::read_to_string(helm::chart_dir().join("README.md")).unwrap();
+    // Kubernetes objects passed to the manifest as they are: documented as
+    // one value.
+    const VERBATIM: [&str; 2] = ["podSecurityContext.", "containerSecurityContext."];
     fn leaves(prefix: &str, v: &Value, out: &mut Vec<String>) {
         match v {
-            Value::Mapping(m) if !m.is_empty() => {
+            Value::Mapping(m) if !m.is_empty() && !VERBATIM.contains(&prefix) => {
                 for (k, x) in m {
                     leaves(&format!("{prefix}{}.", k.as_str().unwrap()), x, out)
                 }
@@ -654,6 +657,34 @@ fn deployment_security_context() {
     assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"]);
     assert!(sc["capabilities"]["add"].is_null());
     assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+}
+
+/// Where the platform assigns the UID (OpenShift's restricted-v2), the
+/// fixed IDs go and everything else stays; an umbrella chart's `global`
+/// values are accepted.
+#[test]
+fn security_context_can_leave_the_uid_to_the_platform() {
+    let docs = render_or_skip!(&[
+        ("podSecurityContext.runAsUser", "null"),
+        ("podSecurityContext.runAsGroup", "null"),
+        ("podSecurityContext.fsGroup", "null"),
+        ("containerSecurityContext.runAsUser", "null"),
+        ("containerSecurityContext.runAsGroup", "null"),
+        ("global.imageRegistry", "registry.example.com"),
+    ]);
+    let deploy = one_of_kind(&docs, "Deployment");
+    let pod_sc = &deploy["spec"]["template"]["spec"]["securityContext"];
+    for key in ["runAsUser", "runAsGroup", "fsGroup"] {
+        assert!(pod_sc[key].is_null(), "pod {key}: {pod_sc:?}");
+    }
+    assert_eq!(pod_sc["runAsNonRoot"], true);
+    let sc = &container(&docs)["securityContext"];
+    assert!(
+        sc["runAsUser"].is_null() && sc["runAsGroup"].is_null(),
+        "{sc:?}"
+    );
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"]);
 }
 
 #[test]
