@@ -323,6 +323,9 @@ fn inconsistent_leader_election_durations_fail() {
     assert!(err.contains("leaseDuration must be greater"), "{err}");
     let err = render_err_or_skip!(&[("leaderElection.retryPeriod", "12s")]);
     assert!(err.contains("renewDeadline must be greater"), "{err}");
+    // Renders, then the controller refuses it at start: refused here.
+    let err = render_err_or_skip!(&[("leaderElection.retryPeriod", "9s")]);
+    assert!(err.contains("1.2 x leaderElection.retryPeriod"), "{err}");
 }
 
 // ---------------------------------------------------------------------------

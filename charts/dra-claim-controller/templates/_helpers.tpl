@@ -162,8 +162,9 @@ Checks across values that the JSON schema cannot express.
 {{- if le $lease $renew }}
 {{- fail "leaderElection.leaseDuration must be greater than leaderElection.renewDeadline" }}
 {{- end }}
-{{- if le $renew $retry }}
-{{- fail "leaderElection.renewDeadline must be greater than leaderElection.retryPeriod" }}
+{{- /* The controller refuses renew <= 1.2 x retry at start (client-go's rule): refuse it here. */}}
+{{- if le (mul $renew 5) (mul $retry 6) }}
+{{- fail "leaderElection.renewDeadline must be greater than 1.2 x leaderElection.retryPeriod" }}
 {{- end }}
 {{- if and (gt (int .Values.replicas) 1) (not $le.enabled) }}
 {{- fail "leaderElection.enabled=false requires replicas <= 1: two active controllers would race on the same ResourceClaims" }}
