@@ -140,7 +140,7 @@ impl Pair {
     /// `None` (after one `SKIP:` line) without the binaries.
     async fn new(name: &'static str) -> Option<Self> {
         let Some(bins) = cluster::binaries() else {
-            println!("SKIP: {name}: {}", cluster::SKIP_REASON);
+            cluster::skip_without_apiserver(name);
             return None;
         };
         let Some(kcm) = reference::binary(&bins) else {

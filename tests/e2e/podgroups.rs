@@ -296,7 +296,7 @@ async fn podgroup_claims() {
 async fn differential_podgroup_claims() {
     const NAME: &str = "differential_podgroup_claims";
     let Some(bins) = crate::cluster::binaries() else {
-        println!("SKIP: {NAME}: {}", crate::cluster::SKIP_REASON);
+        crate::cluster::skip_without_apiserver(NAME);
         return;
     };
     let Some(kcm) = crate::reference::binary(&bins) else {

@@ -29,6 +29,10 @@ const RUN_BOUND: Duration = Duration::from_secs(60);
 
 /// `None` (after one SKIP line) where a real node cannot run here.
 fn can_run(name: &str) -> bool {
+    if crate::cluster::binaries().is_none() {
+        crate::cluster::skip_without_apiserver(name);
+        return false;
+    }
     match real_node::missing_piece() {
         Some(why) => {
             println!("SKIP: {name}: {why}");

@@ -21,6 +21,23 @@ use crate::{pki, rawhttp, rbac};
 
 pub const DEFAULT_ASSETS: &str = "/usr/local/kubebuilder/bin";
 pub const SKIP_REASON: &str = "no kube-apiserver/etcd (set KUBEBUILDER_ASSETS)";
+
+/// `DRA_E2E_REQUIRED=1`: a machine that has the binaries insists on them.
+/// A test that would skip for lack of kube-apiserver or etcd fails instead
+/// (`.ci/run` sets it where they are installed). Optional pieces
+/// (kube-scheduler, kubelet, cluster-autoscaler, Prometheus) still skip.
+pub const REQUIRED_ENV: &str = "DRA_E2E_REQUIRED";
+
+/// Prints the SKIP line of test `name` for lack of kube-apiserver/etcd, or
+/// fails the test when [`REQUIRED_ENV`] says they must be there.
+pub fn skip_without_apiserver(name: &str) {
+    let required = std::env::var(REQUIRED_ENV).is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "{name}: {SKIP_REASON}, and {REQUIRED_ENV}=1 says the e2e suite must run"
+    );
+    println!("SKIP: {name}: {SKIP_REASON}");
+}
 /// Keep the temporary directories (logs, etcd data) of isolated servers.
 pub const KEEP_ENV: &str = "DRA_E2E_KEEP";
 /// Overrides the API server's `--feature-gates`.
@@ -64,7 +81,7 @@ pub fn beside_apiserver(bins: &Binaries, name: &str) -> Option<PathBuf> {
 /// `SKIP:` line (no API server, or `skip_reason` for that binary).
 pub fn beside_apiserver_or_skip(name: &str, binary: &str, skip_reason: &str) -> Option<PathBuf> {
     let Some(bins) = binaries() else {
-        println!("SKIP: {name}: {SKIP_REASON}");
+        skip_without_apiserver(name);
         return None;
     };
     let found = beside_apiserver(&bins, binary);

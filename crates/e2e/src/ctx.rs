@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-use crate::cluster::{self, Cluster, Controller, ControllerOpts, ControllerSpec, SKIP_REASON};
+use crate::cluster::{self, Cluster, Controller, ControllerOpts, ControllerSpec};
 use crate::procs;
 use crate::replica::Replica;
 
@@ -112,7 +112,7 @@ pub struct TestCtx {
 }
 
 fn skip(name: &str) {
-    println!("SKIP: {name}: {SKIP_REASON}");
+    cluster::skip_without_apiserver(name);
 }
 
 fn namespace_for(name: &str) -> String {
