@@ -84,7 +84,7 @@ pub struct Args {
     #[arg(long)]
     pub leader_elect_resource_namespace: Option<String>,
 
-    /// Controllers to run, comma separated: resourceclaim (always on) and headroom (NodeScalingWatermark placeholders; needs the chart's CRD).
+    /// Controllers to run, comma separated, in kube-controller-manager's syntax ("*" for the default ones, "-name" to turn one off): resourceclaim (always on) and headroom (NodeScalingWatermark placeholders; off unless named; needs the chart's CRD).
     #[arg(long, default_value = "resourceclaim", value_parser = parse_controllers)]
     pub controllers: Controllers,
 
@@ -284,32 +284,33 @@ pub struct Controllers {
     pub headroom: bool,
 }
 
-/// Parses `--controllers`: `resourceclaim` must be among them (the claim
-/// controller is what this binary is), `headroom` adds the headroom
-/// controller.
+/// Parses `--controllers` with kube-controller-manager's syntax: `*` turns
+/// on the controllers that are on by default (the claim controller), a name
+/// turns one on, `-name` turns it off (later entries win); `-controller`
+/// suffixes are accepted (`resourceclaim-controller`). The claim
+/// controller, what this binary is, cannot be turned off; `headroom` is off
+/// unless named.
 pub fn parse_controllers(s: &str) -> Result<Controllers, String> {
-    let mut names: Vec<&str> = s
-        .split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .collect();
-    names.sort_unstable();
-    names.dedup();
+    const KNOWN: &str = "known: *, resourceclaim, headroom (a leading '-' turns one off)";
     let mut controllers = Controllers { headroom: false };
     let mut claim = false;
-    for name in names {
-        match name {
-            "resourceclaim" | "resourceclaim-controller" => claim = true,
-            "headroom" => controllers.headroom = true,
-            other => {
-                return Err(format!(
-                    "unknown controller {other:?}; known: resourceclaim, headroom"
-                ));
-            }
+    for entry in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let (on, name) = match entry.strip_prefix('-') {
+            Some(name) => (false, name),
+            None => (true, entry),
+        };
+        match name.strip_suffix("-controller").unwrap_or(name) {
+            "*" if on => claim = true,
+            "resourceclaim" => claim = on,
+            "headroom" => controllers.headroom = on,
+            _ => return Err(format!("unknown controller {entry:?}; {KNOWN}")),
         }
     }
     if !claim {
-        return Err("resourceclaim must be among the controllers (it cannot be turned off)".into());
+        return Err(
+            "resourceclaim must be among the controllers (it cannot be turned off; '*' includes it)"
+                .into(),
+        );
     }
     Ok(controllers)
 }
@@ -399,6 +400,28 @@ mod tests {
                 Args::try_parse_from(["dra-claim-controller", flag, value]).is_ok(),
                 "{flag}={value}"
             );
+        }
+    }
+
+    #[test]
+    fn controllers_take_kube_controller_manager_syntax() {
+        let rows: [(&str, Option<bool>); 12] = [
+            ("resourceclaim", Some(false)),
+            ("*", Some(false)),
+            ("*,headroom", Some(true)),
+            ("resourceclaim,headroom", Some(true)),
+            ("resourceclaim-controller,headroom-controller", Some(true)),
+            ("*,-headroom", Some(false)),
+            ("*,headroom,-headroom", Some(false)),
+            (" * , headroom ", Some(true)),
+            ("headroom", None),
+            ("*,-resourceclaim", None),
+            ("-*", None),
+            ("*,garbagecollector", None),
+        ];
+        for (value, want) in rows {
+            let got = parse_controllers(value).ok().map(|c| c.headroom);
+            assert_eq!(got, want, "--controllers={value}");
         }
     }
 
