@@ -2016,3 +2016,30 @@ fn headroom_alert_only_with_headroom() {
     );
     assert_eq!(rule["for"], "15m");
 }
+
+/// Artifact Hub's image list names the image of this chart version, and its
+/// CRD list every CRD the chart ships.
+#[test]
+fn artifact_hub_annotations_follow_the_chart() {
+    let chart: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(helm::chart_dir().join("Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    let app_version = chart["appVersion"].as_str().unwrap();
+    let images = chart["annotations"]["artifacthub.io/images"]
+        .as_str()
+        .unwrap();
+    assert!(
+        images.contains(&format!("dra-claim-controller:{app_version}")),
+        "{images}"
+    );
+    let crds = chart["annotations"]["artifacthub.io/crds"]
+        .as_str()
+        .unwrap();
+    for entry in std::fs::read_dir(helm::chart_dir().join("crds")).unwrap() {
+        let crd: Value =
+            serde_yaml::from_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap()).unwrap();
+        let name = crd["metadata"]["name"].as_str().unwrap();
+        assert!(crds.contains(name), "artifacthub.io/crds lacks {name}");
+    }
+}
