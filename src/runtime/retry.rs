@@ -60,32 +60,32 @@ where
     K: Clone + Eq + Hash + Send + Sync + Debug + 'static,
 {
     let retry = retry_for(&result, queue.is_shutting_down());
-    match (&retry, &result) {
-        (Retry::Drop, _) => {}
-        (Retry::WhenReachable, Err(e)) => {
-            if !reachability.report_unreachable(e) {
-                debug!(error = %e, "API server still unreachable");
+    // What failed, for the log (retry_for gives the failing kinds only to
+    // errors, so it is there wherever it is read below).
+    let error = result.err().map(|e| e.to_string()).unwrap_or_default();
+    if !matches!(retry, Retry::Drop | Retry::WhenReachable) {
+        reachability.report_answer();
+    }
+    match retry {
+        Retry::Drop => {}
+        Retry::WhenReachable => {
+            if !reachability.report_unreachable(&error) {
+                debug!(error, "API server still unreachable");
             }
             queue.add(key.clone());
         }
-        (_, result) => {
-            reachability.report_answer();
-            match (retry, result) {
-                (Retry::Forget, _) => queue.forget(key),
-                (Retry::RecheckAfter(delay), _) => {
-                    queue.forget(key);
-                    queue.add_after(key.clone(), delay);
-                }
-                (Retry::FreshState, Err(e)) => {
-                    info!(error = %e, "retrying on fresh state");
-                    queue.add_rate_limited(key.clone());
-                }
-                (_, Err(e)) => {
-                    warn!(error = %e, "sync failed; retrying with backoff");
-                    queue.add_rate_limited(key.clone());
-                }
-                (_, Ok(_)) => queue.forget(key),
-            }
+        Retry::Forget => queue.forget(key),
+        Retry::RecheckAfter(delay) => {
+            queue.forget(key);
+            queue.add_after(key.clone(), delay);
+        }
+        Retry::FreshState => {
+            info!(error, "retrying on fresh state");
+            queue.add_rate_limited(key.clone());
+        }
+        Retry::Backoff => {
+            warn!(error, "sync failed; retrying with backoff");
+            queue.add_rate_limited(key.clone());
         }
     }
     retry

@@ -598,11 +598,17 @@ async fn full_node_and_a_waiting_pod(
 
 /// The claim template `job-gpu`: one device of the class `driver`.
 pub(crate) async fn gpu_job_template(t: &TestCtx, driver: &str) {
+    one_device_template(t, "job-gpu", driver).await;
+}
+
+/// A claim template `name` asking for one device (request `gpu`) of
+/// `class`.
+pub(crate) async fn one_device_template(t: &TestCtx, name: &str, class: &str) {
     t.create_template_with(
-        "job-gpu",
+        name,
         json!({}),
         json!({}),
-        json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": driver}}]}}),
+        json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}]}}),
     )
     .await;
 }

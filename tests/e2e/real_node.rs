@@ -69,14 +69,9 @@ fn pod(name: &str, script: &str, node: Option<&str>) -> Pod {
     serde_json::from_value(p).expect("pod manifest")
 }
 
+/// The template `tmpl`: one device of the test driver.
 async fn create_template(t: &TestCtx) {
-    t.create_template_with(
-        "tmpl",
-        json!({}),
-        json!({}),
-        json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS}}]}}),
-    )
-    .await;
+    crate::headroom::one_device_template(t, "tmpl", DEVICE_CLASS).await;
 }
 
 fn phase(pod: &Pod) -> String {
@@ -100,6 +95,17 @@ async fn until_phase(t: &TestCtx, name: &str, want: &str, since: Instant) -> Dur
     })
     .await;
     since.elapsed()
+}
+
+/// Creates [`pod`] `name` and waits until it runs; returns when it was
+/// created and how long it took to run.
+async fn run_pod(t: &TestCtx, name: &str, script: &str, node: Option<&str>) -> (Instant, Duration) {
+    let created = Instant::now();
+    t.pods()
+        .create(&PostParams::default(), &pod(name, script, node))
+        .await
+        .expect("create pod");
+    (created, until_phase(t, name, "Running", created).await)
 }
 
 fn claim_of(pod: &Pod) -> Option<String> {
@@ -164,12 +170,7 @@ async fn a_pod_with_a_claim_runs_on_a_real_node() {
         return;
     };
 
-    let created = Instant::now();
-    t.pods()
-        .create(&PostParams::default(), &pod("runner", "sleep 3", None))
-        .await
-        .expect("create pod");
-    let running = until_phase(&t, "runner", "Running", created).await;
+    let (created, running) = run_pod(&t, "runner", "sleep 3", None).await;
     let pod = t.pods().get("runner").await.unwrap();
     let claim = claim_of(&pod).expect("claim recorded");
     ensure_prepared(&node, &claim);
@@ -249,12 +250,7 @@ async fn pre_scheduled_pods_run_on_a_real_node() {
         .expect("start the controller");
 
     // Created while the controller runs.
-    let created = Instant::now();
-    t.pods()
-        .create(&PostParams::default(), &pod("live", "sleep 30", Some(NODE)))
-        .await
-        .expect("create pod");
-    let live = until_phase(&t, "live", "Running", created).await;
+    let (_, live) = run_pod(&t, "live", "sleep 30", Some(NODE)).await;
 
     // Created while the controller is down: by the time it is back, the
     // kubelet has written PodScheduled=True into the pod.
@@ -333,12 +329,7 @@ async fn drain_order_on_a_real_node() {
         .await
     };
 
-    let created = Instant::now();
-    t.pods()
-        .create(&PostParams::default(), &pod("holder", "sleep 600", None))
-        .await
-        .expect("create pod");
-    until_phase(&t, "holder", "Running", created).await;
+    run_pod(&t, "holder", "sleep 600", None).await;
     let claim = claim_of(&t.pods().get("holder").await.unwrap()).expect("claim recorded");
     let r = check().await;
     assert_eq!(r.code, 1, "a prepared claim in use blocks the drain: {r:?}");
@@ -570,12 +561,7 @@ async fn the_chart_runs_on_a_real_node() {
 
     // Claims are made by the chart's controller (nothing else runs one).
     create_template(&t).await;
-    let created = Instant::now();
-    t.pods()
-        .create(&PostParams::default(), &pod("first", "sleep 2", None))
-        .await
-        .expect("create pod");
-    let first_running = until_phase(&t, "first", "Running", created).await;
+    let (_, first_running) = run_pod(&t, "first", "sleep 2", None).await;
 
     // The secure metrics port of the leader, from its pod address.
     let leader_pod = pods
@@ -623,12 +609,7 @@ async fn the_chart_runs_on_a_real_node() {
     )
     .await;
     let handed_over = deleting.elapsed();
-    let created = Instant::now();
-    t.pods()
-        .create(&PostParams::default(), &pod("second", "sleep 2", None))
-        .await
-        .expect("create pod");
-    let second_running = until_phase(&t, "second", "Running", created).await;
+    let (_, second_running) = run_pod(&t, "second", "sleep 2", None).await;
     let claims = t.all_claims().await.unwrap();
     for name in ["first", "second"] {
         let owned = claims

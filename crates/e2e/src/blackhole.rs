@@ -37,7 +37,7 @@ pub enum Policy {
 #[derive(Debug)]
 struct State {
     upstream: SocketAddr,
-    policy: watch::Sender<(Policy, u64)>,
+    policy: watch::Sender<Policy>,
     /// Bumped by [`BlackholeProxy::darken_open_connections`]: connections
     /// opened under an older value go dark.
     darkened: watch::Sender<u64>,
@@ -70,7 +70,7 @@ impl BlackholeProxy {
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             upstream,
-            policy: watch::Sender::new((policy, 0)),
+            policy: watch::Sender::new(policy),
             darkened: watch::Sender::new(0),
             opened: AtomicU64::new(0),
             blackholed: AtomicU64::new(0),
@@ -84,10 +84,7 @@ impl BlackholeProxy {
 
     /// Changes the policy for open and new connections.
     pub fn set_policy(&self, policy: Policy) {
-        self.state.policy.send_modify(|(p, generation)| {
-            *p = policy;
-            *generation += 1;
-        });
+        self.state.policy.send_replace(policy);
     }
 
     /// Blackholes every connection open now; later ones follow the policy.
@@ -169,7 +166,7 @@ async fn connection(mut client: TcpStream, mut upstream: TcpStream, state: Arc<S
     let mut shutdown = state.shutdown.subscribe();
     let (mut a, mut b) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
     loop {
-        let at = dark_at(policy.borrow_and_update().0, opened);
+        let at = dark_at(*policy.borrow_and_update(), opened);
         let go_dark = async {
             match at {
                 Some(at) => tokio::time::sleep_until(at).await,

@@ -303,7 +303,6 @@ impl RealNode {
     pub fn stop_driver(&mut self) {
         if let Some(driver) = self.driver.take() {
             driver.kill();
-            let _ = driver.log;
         }
     }
 
@@ -328,15 +327,6 @@ impl RealNode {
             .filter(|l| l.contains(needle))
             .map(str::to_owned)
             .collect()
-    }
-
-    pub fn node_ip(&self) -> &'static str {
-        NODE_IP
-    }
-
-    /// The containerd socket, for `ctr` calls of a test.
-    pub fn containerd_socket(&self) -> &Path {
-        &self.containerd_sock
     }
 }
 
