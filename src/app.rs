@@ -8,11 +8,19 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::cli::Args;
+use crate::model::selector::LabelSelector;
 use std::sync::Arc;
 
 use crate::controllers::allocator::{Controller as Allocator, SharedStores};
-use crate::controllers::headroom::Controller as Headroom;
+use crate::controllers::headroom::{
+    Controller as Headroom, Settings as HeadroomSettings, Stores as HeadroomStores,
+};
 use crate::controllers::resourceclaim::Controller;
+use crate::model::views::{ClaimView, PodView};
+use crate::runtime::informer::{Handler, Observer, WatchesSynced};
+use watches::{DeviceObservers, DeviceWatches};
+
+pub mod watches;
 use crate::runtime::client::{ClientOptions, build_client};
 use crate::runtime::delegated::Gate;
 use crate::runtime::http::{Health, MetricsAccess, start_servers};
@@ -220,6 +228,13 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         pod_group_api,
         declared.clone(),
     )?;
+    // One watch per kind for the whole process: the claim controller's
+    // watches (pods, claims, templates, PodGroups) and, when a room reads
+    // devices, one of slices, classes and nodes.
+    let synced = WatchesSynced::default();
+    let device_watches = Arc::new(DeviceWatches::new());
+    let mut device_observers = DeviceObservers::default();
+    let (mut pod_observers, mut claim_observers) = (Vec::new(), Vec::new());
     let allocator = match (allocate_on_nodes, declared) {
         (Some(selector), Some(nodes)) => {
             let caches = controller.caches();
@@ -233,6 +248,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     pod_groups: caches
                         .pod_groups_enabled()
                         .then(|| caches.pod_groups.clone()),
+                    devices: device_watches.stores().clone(),
+                    synced: synced.clone(),
                 },
                 gates,
                 &registry,
@@ -240,9 +257,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 crate::controllers::resourceclaim::EVENT_COMPONENT,
                 controller.reachability().clone(),
             )?;
-            // The pod and claim watches fan out to the allocator.
-            controller.observe(allocator.clone(), allocator.clone());
-            tokio::spawn(allocator.clone().run_watches());
+            pod_observers.push(allocator.clone() as Arc<dyn Observer<PodView>>);
+            claim_observers.push(allocator.clone() as Arc<dyn Observer<ClaimView>>);
+            device_observers.slices.push(allocator.clone() as _);
+            device_observers.classes.push(allocator.clone() as _);
+            device_observers.nodes.push(allocator.clone() as _);
             tokio::spawn(allocator.clone().run_resync(args.min_resync_period.0));
             Some(allocator)
         }
@@ -252,32 +271,60 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         let headroom = Headroom::new(
             client.clone(),
             &registry,
-            args.headroom_yield,
-            args.feature_gates.gates,
+            HeadroomSettings {
+                yield_enabled: args.headroom_yield,
+                gates,
+            },
+            HeadroomStores {
+                devices: device_watches.stores().clone(),
+                claims: controller.caches().claims.clone(),
+                synced: synced.clone(),
+            },
             &identity,
             controller.reachability().clone(),
         )?;
-        tokio::spawn(headroom.clone().run_watches());
+        claim_observers.push(headroom.clone() as Arc<dyn Observer<ClaimView>>);
+        device_observers.slices.push(headroom.clone() as _);
+        device_observers.classes.push(headroom.clone() as _);
+        device_observers.nodes.push(headroom.clone() as _);
+        tokio::spawn(headroom.clone().run_watch());
         Some(headroom)
     } else {
         None
     };
-    tokio::spawn(controller.clone().run_watches());
+    controller.observe(pod_observers, claim_observers);
+    let reads_devices = allocator.is_some() || headroom.is_some();
+    if reads_devices {
+        let watches = device_watches.clone();
+        let client = client.clone();
+        tokio::spawn(async move { watches.run(client, device_observers).await });
+    }
+    let also_pods: Vec<Arc<dyn Handler<PodView>>> = headroom
+        .iter()
+        .map(|h| h.clone() as Arc<dyn Handler<PodView>>)
+        .collect();
+    tokio::spawn(controller.clone().run_watches(also_pods));
     tokio::spawn(controller.clone().run_resync(args.min_resync_period.0));
     tokio::spawn(controller.clone().run_reachability_probe());
+    {
+        let (controller, watches, synced) =
+            (controller.clone(), device_watches.clone(), synced.clone());
+        tokio::spawn(async move {
+            controller.wait_synced().await;
+            if reads_devices {
+                watches.wait_synced().await;
+            }
+            synced.set();
+        });
+    }
     let synced = {
-        let controller = controller.clone();
-        let allocator = allocator.clone();
         let headroom = headroom.clone();
+        let synced = synced.clone();
         move || {
-            let controller = controller.clone();
-            let allocator = allocator.clone();
             let headroom = headroom.clone();
+            let synced = synced.clone();
             async move {
-                controller.wait_synced().await;
-                if let Some(allocator) = &allocator {
-                    allocator.wait_synced().await;
-                }
+                synced.wait().await;
                 if let Some(headroom) = &headroom {
                     headroom.wait_synced().await;
                 }
@@ -426,11 +473,21 @@ async fn forward_signals(stop: watch::Sender<bool>) {
 
 /// The `--allocate-on-nodes` selector, checked with the API server (which
 /// is the judge of label selector syntax); `None` when empty.
-async fn declared_nodes(client: &kube::Client, selector: &str) -> anyhow::Result<Option<String>> {
+async fn declared_nodes(
+    client: &kube::Client,
+    selector: &str,
+) -> anyhow::Result<Option<(String, LabelSelector)>> {
     let selector = selector.trim();
     if selector.is_empty() {
         return Ok(None);
     }
+    // Matched here, against the process's one node watch.
+    let parsed = LabelSelector::parse(selector).map_err(|why| {
+        anyhow::anyhow!(
+            "--allocate-on-nodes={selector:?} is not a valid label selector ({why}): use the syntax \
+             of kubectl get nodes -l, e.g. dra.example.com/pre-scheduled=true"
+        )
+    })?;
     let nodes: kube::Api<crate::model::views::NodeView> = kube::Api::all(client.clone());
     let params = kube::api::ListParams::default().labels(selector).limit(1);
     match nodes.list_metadata(&params).await {
@@ -440,7 +497,7 @@ async fn declared_nodes(client: &kube::Client, selector: &str) -> anyhow::Result
                 some_node = list.items.first().and_then(|n| n.metadata.name.as_deref()).unwrap_or("none yet"),
                 "allocating devices for pre-scheduled pods on the nodes this selector matches"
             );
-            Ok(Some(selector.to_string()))
+            Ok(Some((selector.to_string(), parsed)))
         }
         Err(kube::Error::Api(status)) if status.code == 400 => anyhow::bail!(
             "--allocate-on-nodes={selector:?} is not a valid label selector ({}): use the syntax of \

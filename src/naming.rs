@@ -31,6 +31,16 @@ pub const DEVICES_ALLOCATED_ANNOTATION: &str = "dra-claim-controller.io/devices-
 /// device entry's name).
 pub const WATERMARK_ENTRY_LABEL: &str = "dra-claim-controller.io/watermark-entry";
 
+/// The label the seed operator (redhat-cop's proactive-node-scaling-operator)
+/// puts on its placeholder pods, naming their watermark: such pods are
+/// headroom, never workload, during a migration too.
+pub const SEED_PLACEHOLDER_LABEL: &str = "proactive-node-scaling-operator.redhat-cop.io/watermark";
+
+/// The scheduling gate of headroom placeholders: it holds a new placeholder
+/// back while a yield is in flight, so that it does not take the devices
+/// just freed for a waiting pod.
+pub const PLACEHOLDER_GATE: &str = "dra-claim-controller.io/headroom-yield";
+
 /// Field manager for the server-side apply of `pod.status.resourceClaimStatuses`;
 /// the same as kube-controller-manager's, so ownership of the field carries over.
 pub const FIELD_MANAGER: &str = "ResourceClaimController";

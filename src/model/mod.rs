@@ -3,7 +3,8 @@
 //! ([`views`]), the stores' indexes ([`indexes`]), who consumes a claim
 //! ([`consumers`]), devices and double allocations ([`device`]), the claim
 //! classifier behind `drain-check`, `audit` and the controller's gauges
-//! ([`classify`]), and the feature gates ([`features`]). Uses the runtime's
+//! ([`classify`]), what a pod requests ([`requests`]), and the feature
+//! gates ([`features`]). Uses the runtime's
 //! types; knows no controller.
 
 pub mod classify;
@@ -11,6 +12,8 @@ pub mod consumers;
 pub mod device;
 pub mod features;
 pub mod indexes;
+pub mod requests;
+pub mod selector;
 pub mod views;
 
 pub use device::DeviceId;

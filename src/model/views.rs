@@ -17,6 +17,8 @@ use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::{Deserialize, Deserializer};
 
+use super::requests::{self, InitRequests, PodRequests, ResourceList};
+
 /// The metadata fields kept for every watched object.
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
@@ -116,9 +118,14 @@ fn annotations_read<'de, D: Deserializer<'de>>(
     d.deserialize_option(KeepOnly(&CLAIM_ANNOTATIONS_READ))
 }
 
-/// The labels read from pods: only the headroom placeholder label, which
-/// the admin tools use to name placeholders as such.
-const POD_LABELS_READ: [&str; 1] = [crate::naming::WATERMARK_LABEL];
+/// The labels read from pods: the headroom placeholder labels (ours, and
+/// the seed operator's, whose placeholders never count as workload); a
+/// tenant's other labels are not held.
+const POD_LABELS_READ: [&str; 3] = [
+    crate::naming::WATERMARK_LABEL,
+    crate::naming::WATERMARK_ENTRY_LABEL,
+    crate::naming::SEED_PLACEHOLDER_LABEL,
+];
 
 /// `metadata.labels` of pods, keeping only [`POD_LABELS_READ`].
 fn labels_read<'de, D: Deserializer<'de>>(
@@ -298,6 +305,53 @@ pub struct PodViewSpec {
     /// `spec.schedulingGroup` (Kubernetes 1.36+, with GenericWorkload): the
     /// PodGroup the pod belongs to.
     pub scheduling_group: Option<SchedulingGroupRef>,
+    /// Resolved from the pod's PriorityClass at admission.
+    pub priority: Option<i32>,
+    /// Where the headroom placeholder gate is in `spec.schedulingGates`, if
+    /// there (the index a guarded JSON patch removes); other gates are not
+    /// kept.
+    #[serde(
+        default,
+        rename = "schedulingGates",
+        deserialize_with = "placeholder_gate_index"
+    )]
+    pub placeholder_gate: Option<usize>,
+    /// `spec.containers`: only their requests, summed.
+    #[serde(
+        default,
+        rename = "containers",
+        deserialize_with = "requests::containers_sum"
+    )]
+    pub container_requests: ResourceList,
+    /// `spec.initContainers`: only their requests and sidecar flags.
+    #[serde(
+        default,
+        rename = "initContainers",
+        deserialize_with = "requests::init_containers"
+    )]
+    pub init_requests: Vec<InitRequests>,
+    #[serde(default, deserialize_with = "requests::resource_list")]
+    pub overhead: ResourceList,
+    /// `spec.resources.requests` (pod-level resources).
+    #[serde(
+        default,
+        rename = "resources",
+        deserialize_with = "requests::pod_level"
+    )]
+    pub pod_level_requests: ResourceList,
+}
+
+/// The index of the headroom placeholder gate in `spec.schedulingGates`.
+fn placeholder_gate_index<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    #[derive(Deserialize)]
+    struct Gate {
+        #[serde(default)]
+        name: String,
+    }
+    let gates = Option::<Vec<Gate>>::deserialize(d)?.unwrap_or_default();
+    Ok(gates
+        .iter()
+        .position(|g| g.name == crate::naming::PLACEHOLDER_GATE))
 }
 
 /// `pod.spec.schedulingGroup`, the PodGroup's name only.
@@ -307,20 +361,45 @@ pub struct SchedulingGroupRef {
     pub pod_group_name: Option<String>,
 }
 
-/// Only the `PodScheduled` condition is kept, as a flag: the binding
-/// subresource sets it when a scheduler binds the pod.
-fn scheduled_condition<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+/// Only the `PodScheduled` condition is kept, as two flags.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedulingConditions {
+    /// `PodScheduled=True`: the binding subresource sets it when a
+    /// scheduler binds the pod (and the kubelet on every pod it runs).
+    pub scheduled: bool,
+    /// `PodScheduled=False` with reason `Unschedulable`: kube-scheduler
+    /// tried and found no node.
+    pub unschedulable: bool,
+}
+
+impl SchedulingConditions {
+    /// Folds one condition in.
+    pub(crate) fn note(&mut self, type_: &str, status: &str, reason: &str) {
+        if type_ == "PodScheduled" {
+            self.scheduled |= status == "True";
+            self.unschedulable |= status == "False" && reason == "Unschedulable";
+        }
+    }
+}
+
+fn scheduling_conditions<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<SchedulingConditions, D::Error> {
     #[derive(Deserialize)]
     struct Condition {
         #[serde(rename = "type", default)]
         type_: String,
         #[serde(default)]
         status: String,
+        #[serde(default)]
+        reason: String,
     }
     let conditions = Option::<Vec<Condition>>::deserialize(d)?.unwrap_or_default();
-    Ok(conditions
-        .iter()
-        .any(|c| c.type_ == "PodScheduled" && c.status == "True"))
+    let mut flags = SchedulingConditions::default();
+    for c in &conditions {
+        flags.note(&c.type_, &c.status, &c.reason);
+    }
+    Ok(flags)
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -330,13 +409,13 @@ pub struct PodViewStatus {
     #[serde(default, deserialize_with = "null_as_default")]
     pub resource_claim_statuses: Vec<PodResourceClaimStatus>,
     pub extended_resource_claim_status: Option<ExtendedClaimRef>,
-    /// `conditions` has `PodScheduled=True`.
+    /// `conditions`: only `PodScheduled`, as flags.
     #[serde(
         default,
         rename = "conditions",
-        deserialize_with = "scheduled_condition"
+        deserialize_with = "scheduling_conditions"
     )]
-    pub scheduled: bool,
+    pub scheduling: SchedulingConditions,
     /// When the last of its containers finished, if all have (from
     /// `containerStatuses`): a kubelet unprepares devices only after that.
     #[serde(
@@ -413,12 +492,7 @@ impl PodView {
     /// The NodeScalingWatermark (same namespace) whose headroom placeholder
     /// this pod is, if it is one.
     pub fn placeholder_of(&self) -> Option<&str> {
-        self.metadata
-            .labels
-            .as_ref()?
-            .get(crate::naming::WATERMARK_LABEL)
-            .map(String::as_str)
-            .filter(|w| !w.is_empty())
+        self.label(crate::naming::WATERMARK_LABEL)
     }
     pub fn node_name(&self) -> Option<&str> {
         self.spec.node_name.as_deref().filter(|n| !n.is_empty())
@@ -473,11 +547,64 @@ impl PodView {
     pub fn is_pre_scheduled(&self) -> bool {
         self.history.pre_scheduled
     }
-    /// Whether the controller has anything to do with this pod at all. Pods
-    /// without claim entries or an extended-resource claim are not cached.
+    /// Whether the claim controller has anything to do with this pod at
+    /// all: it has claim entries or an extended-resource claim.
     pub fn is_relevant(&self) -> bool {
         !self.spec.resource_claims.is_empty()
             || self.status.extended_resource_claim_status.is_some()
+    }
+    /// Not bound to a node, not being deleted, not finished: a pod the
+    /// scheduler still has to place.
+    pub fn is_unbound(&self) -> bool {
+        self.node_name().is_none() && !self.is_deleting() && !self.is_terminal()
+    }
+    /// Holds its node's resources: bound there, not finished, not being
+    /// deleted.
+    pub fn holds_node(&self) -> bool {
+        self.node_name().is_some() && !self.is_terminal() && !self.is_deleting()
+    }
+    /// The entry of the watermark whose placeholder this pod is, if any.
+    pub fn placeholder_entry(&self) -> Option<&str> {
+        self.label(crate::naming::WATERMARK_ENTRY_LABEL)
+    }
+    /// A placeholder of the seed operator (proactive-node-scaling-operator):
+    /// it sets its label with an empty value, so the key alone counts.
+    pub fn is_seed_placeholder(&self) -> bool {
+        self.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(crate::naming::SEED_PLACEHOLDER_LABEL))
+    }
+    /// A headroom placeholder of any kind: ours or the seed operator's.
+    pub fn is_placeholder(&self) -> bool {
+        self.placeholder_of().is_some() || self.is_seed_placeholder()
+    }
+    fn label(&self, key: &str) -> Option<&str> {
+        self.metadata
+            .labels
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+    /// What the pod requests (see [`PodRequests`]).
+    pub fn requests(&self) -> PodRequests<'_> {
+        PodRequests {
+            containers: &self.spec.container_requests,
+            init_containers: &self.spec.init_requests,
+            overhead: &self.spec.overhead,
+            pod_level: &self.spec.pod_level_requests,
+        }
+    }
+    /// Waits for devices as the headroom yield understands it: unbound,
+    /// found unschedulable by kube-scheduler, with claims, not a
+    /// placeholder, of a priority above `placeholder_priority`.
+    pub fn waits_for_devices(&self, placeholder_priority: i32) -> bool {
+        self.is_unbound()
+            && self.status.scheduling.unschedulable
+            && !self.spec.resource_claims.is_empty()
+            && !self.is_placeholder()
+            && self.spec.priority.unwrap_or(0) > placeholder_priority
     }
 }
 
@@ -823,10 +950,72 @@ impl TemplateView {
     }
 }
 
-/// A Node: only its name matters (the watch's label selector did the rest).
+/// A Node: its name, labels (what node selectors match) and taints (what
+/// a pod must tolerate); the rest of its metadata and its status are not
+/// held.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct NodeView {
+    #[serde(deserialize_with = "node_meta")]
     pub metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub spec: NodeViewSpec,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct NodeViewSpec {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub taints: Vec<k8s_openapi::api::core::v1::Taint>,
+}
+
+fn node_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Meta {
+        name: Option<String>,
+        uid: Option<String>,
+        resource_version: Option<String>,
+        labels: Option<BTreeMap<String, String>>,
+    }
+    let m = Meta::deserialize(d)?;
+    Ok(ObjectMeta {
+        name: m.name,
+        uid: m.uid,
+        resource_version: m.resource_version,
+        labels: m.labels,
+        ..Default::default()
+    })
+}
+
+/// The process's one store of each kind that devices are read from, kept
+/// by one watch each and read by every room that needs them (the
+/// allocator and headroom).
+#[derive(Clone)]
+pub struct DeviceStores {
+    pub slices:
+        std::sync::Arc<crate::runtime::store::Store<k8s_openapi::api::resource::v1::ResourceSlice>>,
+    pub classes:
+        std::sync::Arc<crate::runtime::store::Store<k8s_openapi::api::resource::v1::DeviceClass>>,
+    pub nodes: std::sync::Arc<crate::runtime::store::Store<NodeView>>,
+}
+
+impl Default for DeviceStores {
+    fn default() -> Self {
+        DeviceStores {
+            slices: std::sync::Arc::new(crate::runtime::store::Store::new(Vec::new())),
+            classes: std::sync::Arc::new(crate::runtime::store::Store::new(Vec::new())),
+            nodes: std::sync::Arc::new(crate::runtime::store::Store::new(Vec::new())),
+        }
+    }
+}
+
+impl NodeView {
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+        self.metadata.labels.as_ref().unwrap_or(&EMPTY)
+    }
 }
 
 view_resource!(

@@ -24,9 +24,12 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::protobuf::{self, EventStream, FromProtobuf};
+use super::store::Store;
 
 /// What a watch's events do.
 pub trait Handler<K>: Send + Sync {
+    /// A (re)list starts: whatever an earlier attempt admitted is void.
+    fn list_started(&self) {}
     /// An object of a (re)list that is not complete yet: what to keep of it
     /// until the list is complete (`None`: nothing).
     fn admit(&self, obj: K) -> Option<K> {
@@ -52,6 +55,144 @@ pub trait Observer<K>: Send + Sync {
     fn applied(&self, old: Option<&K>, new: &K);
     /// `last` (its last known state) is gone from the store.
     fn deleted(&self, last: &K);
+}
+
+/// One watch shared by several handlers, each seeing every event as though
+/// the watch were its own: kube-controller-manager's shared informer, for
+/// rooms that keep stores of their own (the claim controller keeps pods
+/// with claims, headroom the pods that use nodes or wait for devices).
+/// The object is decoded once and cloned for every handler but the last.
+pub struct Fanout<'a, K> {
+    handlers: Vec<(&'a dyn Handler<K>, std::sync::Mutex<Vec<K>>)>,
+}
+
+impl<'a, K> Fanout<'a, K> {
+    pub fn new(handlers: Vec<&'a dyn Handler<K>>) -> Self {
+        Fanout {
+            handlers: handlers
+                .into_iter()
+                .map(|h| (h, std::sync::Mutex::default()))
+                .collect(),
+        }
+    }
+
+    /// Hands `obj` to each handler with `each` (a clone to all but the
+    /// last).
+    fn each(&self, obj: K, mut each: impl FnMut(&dyn Handler<K>, K))
+    where
+        K: Clone,
+    {
+        if let Some(((last, _), rest)) = self.handlers.split_last() {
+            for (handler, _) in rest {
+                each(*handler, obj.clone());
+            }
+            each(*last, obj);
+        }
+    }
+}
+
+impl<K: Clone + Send> Handler<K> for Fanout<'_, K> {
+    fn list_started(&self) {
+        for (handler, admitted) in &self.handlers {
+            admitted.lock().unwrap().clear();
+            handler.list_started();
+        }
+    }
+    /// Each handler admits into a list of its own; the watch's list stays
+    /// empty.
+    fn admit(&self, obj: K) -> Option<K> {
+        let mut i = 0;
+        self.each(obj, |handler, obj| {
+            if let Some(kept) = handler.admit(obj) {
+                self.handlers[i].1.lock().unwrap().push(kept);
+            }
+            i += 1;
+        });
+        None
+    }
+    fn relisted(&self, _none: Vec<K>) {
+        for (handler, admitted) in &self.handlers {
+            let objects = std::mem::take(&mut *admitted.lock().unwrap());
+            handler.relisted(objects);
+        }
+    }
+    fn applied(&self, obj: K) {
+        self.each(obj, |handler, obj| handler.applied(obj));
+    }
+    fn deleted(&self, obj: K) {
+        self.each(obj, |handler, obj| handler.deleted(obj));
+    }
+}
+
+/// Keeps a shared store in step with a watch (keyed by `key`) and tells
+/// each observer after every change: the one store of a kind that several
+/// rooms read (slices, classes, nodes).
+pub struct Mirror<K> {
+    store: Arc<Store<K>>,
+    key: fn(&K) -> String,
+    observers: Vec<Arc<dyn Observer<K>>>,
+}
+
+impl<K> Mirror<K> {
+    pub fn new(
+        store: Arc<Store<K>>,
+        key: fn(&K) -> String,
+        observers: Vec<Arc<dyn Observer<K>>>,
+    ) -> Self {
+        Mirror {
+            store,
+            key,
+            observers,
+        }
+    }
+}
+
+impl<K: Send + Sync> Handler<K> for Mirror<K> {
+    fn relisted(&self, objects: Vec<K>) {
+        let entries = objects
+            .into_iter()
+            .map(|o| ((self.key)(&o), Arc::new(o)))
+            .collect();
+        let gone = self.store.replace(entries);
+        for observer in &self.observers {
+            for last in &gone {
+                observer.deleted(last);
+            }
+            observer.relisted();
+        }
+    }
+    fn applied(&self, obj: K) {
+        let obj = Arc::new(obj);
+        let old = self.store.apply((self.key)(&obj), obj.clone());
+        for observer in &self.observers {
+            observer.applied(old.as_deref(), &obj);
+        }
+    }
+    fn deleted(&self, obj: K) {
+        let last = self.store.delete(&(self.key)(&obj));
+        let last = last.as_deref().unwrap_or(&obj);
+        for observer in &self.observers {
+            observer.deleted(last);
+        }
+    }
+}
+
+/// Whether a set of watches has its first lists in, for the rooms that
+/// read stores they do not keep (the process's shared watches).
+#[derive(Clone, Debug, Default)]
+pub struct WatchesSynced(Arc<watch::Sender<bool>>);
+
+impl WatchesSynced {
+    pub fn is_synced(&self) -> bool {
+        *self.0.borrow()
+    }
+    pub fn set(&self) {
+        self.0.send_replace(true);
+    }
+    pub async fn wait(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
 }
 
 /// One watch: its name (for logs) and whether its first list is in.
@@ -246,6 +387,7 @@ where
         // The server's bound on the whole stream; silence is bounded
         // separately below. A stream cut by it counts as a refusal.
         let params = watch_params(config, INITIAL_EVENTS_TIMEOUT_SECS, true);
+        handler.list_started();
         // No resourceVersion: the list is as recent as a quorum read.
         let mut stream = self
             .open(&params, "")
@@ -294,6 +436,7 @@ where
             ..ListParams::default()
         };
         let mut objects = Vec::new();
+        handler.list_started();
         loop {
             let page = api.list(&params).await.map_err(ListFailure::Failed)?;
             objects.extend(page.items.into_iter().filter_map(|obj| handler.admit(obj)));

@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 
 use dra_claim_controller::model::views::PodView;
-use dra_claim_controller::naming::WATERMARK_LABEL;
+use dra_claim_controller::naming::{
+    PLACEHOLDER_GATE, SEED_PLACEHOLDER_LABEL, WATERMARK_ENTRY_LABEL, WATERMARK_LABEL,
+};
 use dra_claim_controller::runtime::protobuf;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -99,12 +101,25 @@ async fn pods_read_from_protobuf_equal_pods_read_from_json() {
     held["metadata"]["finalizers"] = json!(["example.com/hold"]);
     let bound =
         crate::k8s::pod_manifest("bound", &[("gpu", Source::Template("gpu-template"))], None);
-    for manifest in [
-        finished,
-        held,
-        bound,
-        crate::k8s::pod_manifest("plain", &[], None),
-    ] {
+    // What headroom reads: requests of every kind (main, init, sidecar,
+    // pod-level), the placeholder gate among others, placeholder labels.
+    let mut plain = crate::k8s::pod_manifest("plain", &[], None);
+    plain["metadata"]["labels"] = json!({
+        WATERMARK_LABEL: "wm-1",
+        WATERMARK_ENTRY_LABEL: "gpu",
+        SEED_PLACEHOLDER_LABEL: "",
+    });
+    plain["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "250m", "memory": "64Mi", "example.com/gpu": "2"}, "limits": {"example.com/gpu": "2"}});
+    plain["spec"]["initContainers"] = json!([
+        {"name": "side", "image": "registry.invalid/pause:1", "restartPolicy": "Always",
+         "resources": {"requests": {"cpu": "100m"}}},
+        {"name": "init", "image": "registry.invalid/pause:1", "resources": {"requests": {"memory": "1Gi"}}},
+    ]);
+    plain["spec"]["schedulingGates"] = json!([
+        {"name": "example.com/other"},
+        {"name": PLACEHOLDER_GATE},
+    ]);
+    for manifest in [finished, held, bound, plain] {
         let pod: Pod = serde_json::from_value(manifest).unwrap();
         pods.create(&PostParams::default(), &pod).await.unwrap();
     }
@@ -129,6 +144,10 @@ async fn pods_read_from_protobuf_equal_pods_read_from_json() {
         (
             "held",
             json!({"phase": "Running", "containerStatuses": container(json!({"running": {"startedAt": "2026-11-25T10:00:00Z"}}))}),
+        ),
+        (
+            "plain",
+            json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}),
         ),
     ];
     for (name, status) in statuses {
@@ -190,7 +209,7 @@ async fn pods_read_from_protobuf_equal_pods_read_from_json() {
     assert_eq!(finished.spec.node_name.as_deref(), Some("node-1"));
     assert_eq!(finished.spec.resource_claims.len(), 2);
     assert_eq!(finished.status.resource_claim_statuses.len(), 1);
-    assert!(finished.status.scheduled);
+    assert!(finished.status.scheduling.scheduled);
     assert!(finished.status.containers_finished_at.is_some());
     assert_eq!(
         finished.metadata.labels,
@@ -201,7 +220,16 @@ async fn pods_read_from_protobuf_equal_pods_read_from_json() {
     assert!(finished.node_name_written);
     let bound = &as_protobuf["bound"];
     assert_eq!(bound.spec.node_name.as_deref(), Some("node-2"));
-    assert!(bound.status.scheduled && !bound.node_name_written);
+    assert!(bound.status.scheduling.scheduled && !bound.node_name_written);
+    let plain = &as_protobuf["plain"];
+    assert!(plain.status.scheduling.unschedulable);
+    assert_eq!(plain.spec.placeholder_gate, Some(1));
+    assert!(plain.is_seed_placeholder() && plain.placeholder_entry() == Some("gpu"));
+    let effective = plain.requests().effective();
+    let quantity = |q: &str| dra_claim_controller::allocate::quantity::Quantity::parse(q).unwrap();
+    assert_eq!(effective.get("cpu"), Some(&quantity("350m")));
+    assert_eq!(effective.get("memory"), Some(&quantity("1Gi")));
+    assert_eq!(effective.get("example.com/gpu"), Some(&quantity("2")));
     let held = &as_protobuf["held"];
     assert!(held.metadata.deletion_timestamp.is_some());
     assert!(held.status.containers_finished_at.is_none());

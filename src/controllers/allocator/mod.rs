@@ -2,10 +2,10 @@
 //! the claims of pods that bypassed kube-scheduler onto nodes the admin
 //! handed to us. A controller of its own, beside the claim controller:
 //!
-//! - `mod.rs`: the [`Controller`] (its queue with **one** worker, its
-//!   watches, leadership) and the worker loop;
-//! - `watches.rs`: what ResourceSlice, DeviceClass and Node events do, and
-//!   what the pod and claim changes it observes do;
+//! - `mod.rs`: the [`Controller`] (its queue with **one** worker,
+//!   leadership) and the worker loop;
+//! - `watches.rs`: what ResourceSlice, DeviceClass, Node, pod and claim
+//!   changes do (it observes the process's stores; it watches nothing);
 //! - `decide.rs`: which claims of a pod to allocate (pure);
 //! - `attempt.rs`: one attempt (fresh reads, planning with the solver in
 //!   `crate::allocate`, guarded writes);
@@ -25,15 +25,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
-use kube::Api;
 use tracing::{Instrument, debug, info, info_span};
 
 use crate::model::features::FeatureGates;
-use crate::model::views::{ClaimView, NodeView, PodGroupView, PodView};
+use crate::model::selector::LabelSelector;
+use crate::model::views::{ClaimView, DeviceStores, NodeView, PodGroupView, PodView};
 use crate::runtime::error::SyncError;
 use crate::runtime::events::EventRecorder;
-use crate::runtime::informer::Informer;
+use crate::runtime::informer::WatchesSynced;
 use crate::runtime::reachability::Reachability;
 use crate::runtime::retry::requeue;
 use crate::runtime::store::{Store, object_key};
@@ -56,6 +55,10 @@ pub struct SharedStores {
     pub claims: Arc<Store<ClaimView>>,
     /// With DRAWorkloadResourceClaims only.
     pub pod_groups: Option<Arc<Store<PodGroupView>>>,
+    /// The process's slices, classes and nodes.
+    pub devices: DeviceStores,
+    /// Whether every watch has its first list in.
+    pub synced: WatchesSynced,
 }
 
 /// Everything an attempt needs.
@@ -71,16 +74,14 @@ pub struct Context {
     pub reachability: Arc<Reachability>,
 }
 
-/// The allocator: three watches of its own, pods and claims observed, one
-/// queue of pod keys (`namespace/name`), one worker.
+/// The allocator: the process's stores observed, one queue of pod keys
+/// (`namespace/name`), one worker.
 pub struct Controller {
     ctx: Context,
     queue: WorkQueue<String>,
     /// Only the leader enqueues.
     leading: AtomicBool,
-    slices: Informer,
-    classes: Informer,
-    nodes: Informer,
+    synced: WatchesSynced,
 }
 
 impl Controller {
@@ -90,7 +91,7 @@ impl Controller {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: kube::Client,
-        node_selector: String,
+        node_selector: (String, LabelSelector),
         declared: Arc<Store<NodeView>>,
         stores: SharedStores,
         gates: FeatureGates,
@@ -103,7 +104,7 @@ impl Controller {
             ctx: Context {
                 events: EventRecorder::new(client.clone(), event_component, identity.to_string()),
                 client,
-                state: Allocation::new(node_selector, declared),
+                state: Allocation::new(node_selector.0, node_selector.1, &stores.devices, declared),
                 pods: stores.pods,
                 claims: stores.claims,
                 pod_groups: stores.pod_groups,
@@ -113,9 +114,7 @@ impl Controller {
             },
             queue: WorkQueue::new(QUEUE_NAME, Some(registry)),
             leading: AtomicBool::new(false),
-            slices: Informer::new("resourceslices"),
-            classes: Informer::new("deviceclasses"),
-            nodes: Informer::new("nodes"),
+            synced: stores.synced,
         }))
     }
 
@@ -123,31 +122,8 @@ impl Controller {
         &self.queue
     }
 
-    /// Runs the three watches until the process ends.
-    pub async fn run_watches(self: Arc<Self>) {
-        let client = self.ctx.client.clone();
-        let declared =
-            crate::runtime::informer::watch_config().labels(&self.ctx.state.node_selector);
-        let this = &*self;
-        tokio::join!(
-            this.slices
-                .run(Api::<ResourceSlice>::all(client.clone()), this),
-            this.classes
-                .run(Api::<DeviceClass>::all(client.clone()), this),
-            this.nodes
-                .run_with(Api::<NodeView>::all(client.clone()), declared, this),
-        );
-    }
-
-    /// Resolves once the first list of each of its watches is in.
-    pub async fn wait_synced(&self) {
-        self.slices.wait_synced().await;
-        self.classes.wait_synced().await;
-        self.nodes.wait_synced().await;
-    }
-
     pub fn is_synced(&self) -> bool {
-        self.slices.is_synced() && self.classes.is_synced() && self.nodes.is_synced()
+        self.synced.is_synced()
     }
 
     fn enqueue(&self, keys: impl IntoIterator<Item = String>) {

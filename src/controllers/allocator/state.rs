@@ -1,5 +1,5 @@
 //! What the allocator for declared nodes (`--allocate-on-nodes`) keeps:
-//! the ResourceSlices, DeviceClasses and declared Nodes it watches, the
+//! the ResourceSlices, DeviceClasses and declared Nodes it reads, the
 //! devices of allocations it wrote that no watch has shown yet, and the
 //! pods waiting for devices (woken when slices, classes or claims change).
 
@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 
 use crate::model::DeviceId;
-use crate::model::views::{ClaimView, NodeView};
+use crate::model::selector::LabelSelector;
+use crate::model::views::{ClaimView, DeviceStores, NodeView};
 use crate::runtime::store::Store;
 
 /// A pod waiting for devices: on which node, and the last failure told.
@@ -22,12 +23,17 @@ struct Waiting {
 /// The allocator's state. One worker reads and writes it, so what one
 /// allocation decides is visible to the next before any watch shows it.
 pub struct Allocation {
-    /// The label selector of declared nodes, as given.
-    pub node_selector: String,
-    pub slices: Store<ResourceSlice>,
-    pub classes: Store<DeviceClass>,
-    /// Shared with the claim controller, which tells nobody "nothing will
-    /// allocate this" for pods on these nodes.
+    /// The label selector of declared nodes.
+    pub node_selector: LabelSelector,
+    /// ... as given.
+    pub selector_text: String,
+    /// The process's stores (one watch each).
+    pub slices: Arc<Store<ResourceSlice>>,
+    pub classes: Arc<Store<DeviceClass>>,
+    pub all_nodes: Arc<Store<NodeView>>,
+    /// The declared nodes among them. Shared with the claim controller,
+    /// which tells nobody "nothing will allocate this" for pods on these
+    /// nodes.
     pub nodes: Arc<Store<NodeView>>,
     /// Claim UID → the resourceVersion guarding an allocation this process
     /// wrote (or tried to: an answer lost after the write committed counts,
@@ -39,11 +45,18 @@ pub struct Allocation {
 }
 
 impl Allocation {
-    pub fn new(node_selector: String, nodes: Arc<Store<NodeView>>) -> Self {
+    pub fn new(
+        selector_text: String,
+        node_selector: LabelSelector,
+        devices: &DeviceStores,
+        nodes: Arc<Store<NodeView>>,
+    ) -> Self {
         Allocation {
             node_selector,
-            slices: Store::new(Vec::new()),
-            classes: Store::new(Vec::new()),
+            selector_text,
+            slices: devices.slices.clone(),
+            classes: devices.classes.clone(),
+            all_nodes: devices.nodes.clone(),
             nodes,
             written: Mutex::new(HashMap::new()),
             waiting: Mutex::new(BTreeMap::new()),
@@ -188,7 +201,12 @@ mod tests {
 
     #[test]
     fn in_use_counts_claims_and_unseen_writes_but_not_admin_access_or_the_claim_itself() {
-        let state = Allocation::new("x=y".into(), Arc::new(Store::new(Vec::new())));
+        let state = Allocation::new(
+            "x=y".into(),
+            LabelSelector::parse("x=y").unwrap(),
+            &DeviceStores::default(),
+            Arc::new(Store::new(Vec::new())),
+        );
         let claims = [
             claim("a", &[("gpu-0", false)]),
             claim("b", &[("gpu-1", true)]),
@@ -210,7 +228,12 @@ mod tests {
 
     #[test]
     fn a_write_is_forgotten_only_when_its_guard_can_no_longer_match() {
-        let state = Allocation::new("x=y".into(), Arc::new(Store::new(Vec::new())));
+        let state = Allocation::new(
+            "x=y".into(),
+            LabelSelector::parse("x=y").unwrap(),
+            &DeviceStores::default(),
+            Arc::new(Store::new(Vec::new())),
+        );
         state.note_written("c", "7", vec![id("gpu-3")]);
         let read = |version: &str| -> k8s_openapi::api::resource::v1::ResourceClaim {
             serde_json::from_value(
@@ -227,7 +250,12 @@ mod tests {
 
     #[test]
     fn a_failure_is_told_once_until_it_changes() {
-        let state = Allocation::new("x=y".into(), Arc::new(Store::new(Vec::new())));
+        let state = Allocation::new(
+            "x=y".into(),
+            LabelSelector::parse("x=y").unwrap(),
+            &DeviceStores::default(),
+            Arc::new(Store::new(Vec::new())),
+        );
         assert!(state.wait("ns/p", "node-1", "2 needed, 1 free"));
         assert!(!state.wait("ns/p", "node-1", "2 needed, 1 free"));
         assert!(state.wait("ns/p", "node-1", "2 needed, 0 free"));

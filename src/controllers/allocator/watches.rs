@@ -1,34 +1,20 @@
-//! What wakes the allocator: its own watches (ResourceSlices, DeviceClasses,
-//! declared Nodes) keep its stores and wake the pods waiting for devices
-//! when what they wait for may have changed; the pod and claim changes it
-//! observes queue the pods whose claims need devices and keep its record
-//! of its own writes.
+//! What wakes the allocator: changes of the process's ResourceSlices,
+//! DeviceClasses and Nodes (shared stores) wake the pods waiting for
+//! devices when what they wait for may have changed, and keep its store of
+//! declared nodes; the pod and claim changes it observes queue the pods
+//! whose claims need devices and keep its record of its own writes.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::info;
 
 use super::Controller;
 use crate::model::indexes::PODS_BY_CLAIM;
 use crate::model::views::{ClaimView, NodeView, PodView};
-use crate::runtime::informer::{Handler, Observer};
-use crate::runtime::store::{Store, object_key};
-
-fn name_of(meta: &ObjectMeta) -> String {
-    meta.name.clone().unwrap_or_default()
-}
-
-fn replace_all<K>(store: &Store<K>, objects: Vec<K>, name: fn(&K) -> String) {
-    store.replace(
-        objects
-            .into_iter()
-            .map(|o| (name(&o), Arc::new(o)))
-            .collect(),
-    );
-}
+use crate::runtime::informer::Observer;
+use crate::runtime::store::object_key;
 
 impl Controller {
     /// Queues the pods waiting for devices on `node` (`None`: anywhere).
@@ -83,63 +69,67 @@ impl Controller {
     }
 }
 
-impl Handler<ResourceSlice> for Controller {
-    fn relisted(&self, slices: Vec<ResourceSlice>) {
-        let state = &self.ctx.state;
-        replace_all(&state.slices, slices, |s| name_of(&s.metadata));
-        info!(slices = state.slices.len(), "ResourceSlice cache loaded");
+impl Observer<ResourceSlice> for Controller {
+    fn relisted(&self) {
+        info!(
+            slices = self.ctx.state.slices.len(),
+            "ResourceSlices loaded"
+        );
         self.wake_waiting(None);
     }
-    fn applied(&self, slice: ResourceSlice) {
-        self.ctx
-            .state
-            .slices
-            .apply(name_of(&slice.metadata), Arc::new(slice));
+    fn applied(&self, _old: Option<&ResourceSlice>, _slice: &ResourceSlice) {
         // Any node: a pool's slices on other nodes decide whether the pool
         // is complete.
         self.wake_waiting(None);
     }
-    fn deleted(&self, slice: ResourceSlice) {
-        self.ctx.state.slices.delete(&name_of(&slice.metadata));
-        self.slice_changed(&slice);
+    fn deleted(&self, slice: &ResourceSlice) {
+        self.slice_changed(slice);
     }
 }
 
-impl Handler<DeviceClass> for Controller {
-    fn relisted(&self, classes: Vec<DeviceClass>) {
-        replace_all(&self.ctx.state.classes, classes, |c| name_of(&c.metadata));
+impl Observer<DeviceClass> for Controller {
+    fn relisted(&self) {
         self.wake_waiting(None);
     }
-    fn applied(&self, class: DeviceClass) {
-        self.ctx
-            .state
-            .classes
-            .apply(name_of(&class.metadata), Arc::new(class));
+    fn applied(&self, _old: Option<&DeviceClass>, _class: &DeviceClass) {
         self.wake_waiting(None);
     }
-    fn deleted(&self, class: DeviceClass) {
-        self.ctx.state.classes.delete(&name_of(&class.metadata));
-    }
+    fn deleted(&self, _class: &DeviceClass) {}
 }
 
-impl Handler<NodeView> for Controller {
-    fn relisted(&self, nodes: Vec<NodeView>) {
+/// The declared nodes are those of the one node watch that the selector
+/// matches; the allocator keeps them in a store of their own, which the
+/// claim controller reads too.
+impl Observer<NodeView> for Controller {
+    fn relisted(&self) {
         let state = &self.ctx.state;
-        replace_all(&state.nodes, nodes, |n| name_of(&n.metadata));
+        let declared = state
+            .all_nodes
+            .list()
+            .into_iter()
+            .filter(|n| state.node_selector.matches(n.labels()))
+            .map(|n| (n.name().to_string(), n))
+            .collect();
+        state.nodes.replace(declared);
         info!(
             nodes = state.nodes.len(),
-            selector = %state.node_selector,
+            selector = %state.selector_text,
             "declared nodes loaded: allocating for pre-scheduled pods on them"
         );
         self.sweep();
     }
-    fn applied(&self, node: NodeView) {
-        let name = name_of(&node.metadata);
-        if self
-            .ctx
-            .state
+    fn applied(&self, _old: Option<&NodeView>, node: &NodeView) {
+        let state = &self.ctx.state;
+        let name = node.name().to_string();
+        if !state.node_selector.matches(node.labels()) {
+            if state.nodes.delete(&name).is_some() {
+                info!(node = %name, "node no longer declared for allocation");
+            }
+            return;
+        }
+        if state
             .nodes
-            .apply(name.clone(), Arc::new(node))
+            .apply(name.clone(), Arc::new(node.clone()))
             .is_none()
         {
             info!(node = %name, "node declared for allocation");
@@ -152,8 +142,8 @@ impl Handler<NodeView> for Controller {
             }
         }
     }
-    fn deleted(&self, node: NodeView) {
-        self.ctx.state.nodes.delete(&name_of(&node.metadata));
+    fn deleted(&self, node: &NodeView) {
+        self.ctx.state.nodes.delete(node.name());
     }
 }
 

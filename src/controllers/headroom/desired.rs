@@ -30,7 +30,7 @@ pub const DEVICES_CLAIM: &str = "devices";
 /// recreated after a yield would otherwise race the pod it yielded to for
 /// the devices just freed (the scheduler takes whichever pod comes first);
 /// the controller lifts the gate once no yield is in flight.
-pub const PLACEHOLDER_GATE: &str = "dra-claim-controller.io/headroom-yield";
+pub use crate::naming::PLACEHOLDER_GATE;
 
 fn labels(owner: Owner<'_>, entry: &str) -> Value {
     json!({WATERMARK_LABEL: owner.name, ENTRY_LABEL: entry})

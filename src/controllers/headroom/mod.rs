@@ -9,17 +9,27 @@
 //! ([`devices`]), how many placeholders that makes ([`sizing`]), the
 //! objects that keep them ([`desired`]), the status ([`status`]), and which
 //! placeholders yield their devices to a pod waiting for them
-//! ([`yield_choice`]). The [`controller`] reads the caches, applies the
-//! objects, writes the status, and performs the yields.
+//! ([`yield_choice`]), and everything a watermark wants from a snapshot of
+//! the stores ([`plan`]).
+//!
+//! Around them: the [`controller`] (state, queue, worker, sync), what wakes
+//! it (`watches.rs`), its writes (`execute.rs`), the yield (`yielding.rs`)
+//! and its metrics (`metrics.rs`).
 
 pub mod controller;
 pub mod desired;
 pub mod devices;
+mod execute;
+mod metrics;
+pub mod plan;
 pub mod sizing;
 pub mod status;
 pub mod usage;
+mod watches;
 pub mod watermark;
 pub mod yield_choice;
+mod yielding;
 
 /// The room's door: what `app.rs` uses.
-pub use controller::Controller;
+pub use controller::{Controller, Settings, Stores};
+pub use watches::keeps as keeps_pod;

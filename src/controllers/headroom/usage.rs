@@ -1,331 +1,41 @@
-//! What workloads use on the selected nodes: which pods count, and what a
-//! pod weighs in CPU and memory (its effective request, as kube-scheduler
-//! computes it).
+//! Which pods count as workload on the selected nodes, and what they
+//! weigh in CPU and memory (their effective request, as kube-scheduler
+//! computes it: `model::requests`).
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use serde::Deserialize;
-
-use crate::runtime::resource::{view_accessors, view_resource};
+use crate::allocate::quantity::Quantity;
+use crate::model::views::PodView;
 
 use super::sizing::Resources;
-use crate::allocate::quantity::Quantity;
 
-pub use crate::naming::{WATERMARK_ENTRY_LABEL as ENTRY_LABEL, WATERMARK_LABEL};
-
-/// The fields of a pod that headroom reads; serde skips the rest.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct HeadroomPod {
-    #[serde(default, deserialize_with = "pod_meta")]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: PodSpec,
-    #[serde(default)]
-    pub status: PodStatus,
-}
-
-/// Name, namespace, UID, resourceVersion, deletion and the watermark and
-/// entry labels: a tenant's other labels and annotations are not held.
-fn pod_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Meta {
-        name: Option<String>,
-        namespace: Option<String>,
-        uid: Option<String>,
-        resource_version: Option<String>,
-        deletion_timestamp: Option<Time>,
-        #[serde(default)]
-        labels: Option<BTreeMap<String, String>>,
-    }
-    let m = Meta::deserialize(d)?;
-    let labels = m.labels.map(|l| {
-        l.into_iter()
-            .filter(|(k, _)| k == WATERMARK_LABEL || k == ENTRY_LABEL)
-            .collect::<BTreeMap<_, _>>()
-    });
-    Ok(ObjectMeta {
-        name: m.name,
-        namespace: m.namespace,
-        uid: m.uid,
-        resource_version: m.resource_version,
-        deletion_timestamp: m.deletion_timestamp,
-        labels,
-        ..Default::default()
-    })
-}
-
-view_accessors!(HeadroomPod);
-view_resource!(
-    HeadroomPod,
-    k8s_openapi::NamespaceResourceScope,
-    "",
-    "v1",
-    "Pod",
-    "pods"
-);
-
-/// A node as headroom reads it: its name, labels (what node selectors
-/// match) and taints; the rest of a node's metadata and its status are
-/// not held.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct HeadroomNode {
-    #[serde(default, deserialize_with = "node_meta")]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: NodeSpec,
-}
-
-/// The node's taints (the yield checks a waiting pod tolerates them).
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct NodeSpec {
-    #[serde(default)]
-    pub taints: Vec<k8s_openapi::api::core::v1::Taint>,
-}
-
-fn node_meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Meta {
-        name: Option<String>,
-        uid: Option<String>,
-        resource_version: Option<String>,
-        labels: Option<BTreeMap<String, String>>,
-    }
-    let m = Meta::deserialize(d)?;
-    Ok(ObjectMeta {
-        name: m.name,
-        uid: m.uid,
-        resource_version: m.resource_version,
-        labels: m.labels,
-        ..Default::default()
-    })
-}
-
-view_resource!(
-    HeadroomNode,
-    k8s_openapi::ClusterResourceScope,
-    "",
-    "v1",
-    "Node",
-    "nodes"
-);
-
-impl HeadroomNode {
-    pub fn name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
-    }
-    pub fn labels(&self) -> &BTreeMap<String, String> {
-        static EMPTY: BTreeMap<String, String> = BTreeMap::new();
-        self.metadata.labels.as_ref().unwrap_or(&EMPTY)
-    }
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PodSpec {
-    pub node_name: Option<String>,
-    #[serde(default)]
-    pub containers: Vec<Container>,
-    #[serde(default)]
-    pub init_containers: Vec<Container>,
-    #[serde(default)]
-    pub overhead: BTreeMap<String, String>,
-    /// Resolved from the pod's PriorityClass at admission.
-    pub priority: Option<i32>,
-    /// How many claim entries the pod has (their content is read live
-    /// when the pod waits).
-    #[serde(default, deserialize_with = "count_entries")]
-    pub resource_claims: usize,
-    /// Where the placeholder gate is in `spec.schedulingGates`, if there
-    /// (the index a guarded JSON patch removes); other gates are not kept.
-    #[serde(
-        default,
-        rename = "schedulingGates",
-        deserialize_with = "placeholder_gate_index"
-    )]
-    pub placeholder_gate: Option<usize>,
-}
-
-fn placeholder_gate_index<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<Option<usize>, D::Error> {
-    #[derive(Deserialize)]
-    struct Gate {
-        #[serde(default)]
-        name: String,
-    }
-    let gates: Option<Vec<Gate>> = Option::deserialize(d)?;
-    Ok(gates.and_then(|g| {
-        g.iter()
-            .position(|g| g.name == super::desired::PLACEHOLDER_GATE)
-    }))
-}
-
-fn count_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
-    let entries: Option<Vec<serde::de::IgnoredAny>> = Option::deserialize(d)?;
-    Ok(entries.map_or(0, |e| e.len()))
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Container {
-    #[serde(default)]
-    pub resources: ContainerResources,
-    /// `Always` on an init container makes it a sidecar: it runs beside
-    /// the main containers.
-    pub restart_policy: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct ContainerResources {
-    #[serde(default)]
-    pub requests: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct PodStatus {
-    pub phase: Option<String>,
-    /// `PodScheduled=False` with reason `Unschedulable`: kube-scheduler
-    /// tried and found no node.
-    #[serde(default, rename = "conditions", deserialize_with = "unschedulable")]
-    pub unschedulable: bool,
-}
-
-fn unschedulable<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
-    #[derive(Deserialize)]
-    struct Condition {
-        #[serde(rename = "type", default)]
-        type_: String,
-        #[serde(default)]
-        status: String,
-        #[serde(default)]
-        reason: String,
-    }
-    let conditions: Option<Vec<Condition>> = Option::deserialize(d)?;
-    Ok(conditions
-        .into_iter()
-        .flatten()
-        .any(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason == "Unschedulable"))
-}
-
-fn requests_of(map: &BTreeMap<String, String>) -> Resources {
-    // An unparsable quantity cannot be in a pod the API server admitted;
-    // counting it as zero keeps a view of a future API harmless.
-    let get = |k: &str| {
-        map.get(k)
-            .and_then(|v| Quantity::parse(v).ok())
-            .unwrap_or(Quantity::from_units(0))
-    };
-    Resources {
-        cpu: get("cpu"),
-        memory: get("memory"),
-    }
-}
-
-fn add(a: Resources, b: Resources) -> Resources {
-    Resources {
-        cpu: a.cpu.checked_add(b.cpu).unwrap_or(a.cpu),
-        memory: a.memory.checked_add(b.memory).unwrap_or(a.memory),
-    }
-}
-
-fn max(a: Resources, b: Resources) -> Resources {
-    Resources {
-        cpu: a.cpu.max(b.cpu),
-        memory: a.memory.max(b.memory),
-    }
-}
-
-impl HeadroomPod {
-    /// The pod's effective request: the larger of what its init phase and
-    /// its running phase need, per resource, plus the pod overhead. A
-    /// regular init container runs beside the sidecars started before it;
-    /// the main containers run beside every sidecar.
-    pub fn effective_requests(&self) -> Resources {
-        let mut sidecars = Resources::default();
-        let mut init_peak = Resources::default();
-        for init in &self.spec.init_containers {
-            let own = requests_of(&init.resources.requests);
-            if init.restart_policy.as_deref() == Some("Always") {
-                sidecars = add(sidecars, own);
-                init_peak = max(init_peak, sidecars);
-            } else {
-                init_peak = max(init_peak, add(own, sidecars));
-            }
-        }
-        let running = self
-            .spec
-            .containers
-            .iter()
-            .map(|c| requests_of(&c.resources.requests))
-            .fold(sidecars, add);
-        add(max(init_peak, running), requests_of(&self.spec.overhead))
-    }
-
-    /// The watermark whose placeholder this pod is, if any.
-    pub fn watermark(&self) -> Option<&str> {
-        self.metadata
-            .labels
-            .as_ref()?
-            .get(WATERMARK_LABEL)
-            .map(String::as_str)
-    }
-
-    /// The watermark entry whose placeholder this pod is, if any.
-    pub fn entry(&self) -> Option<&str> {
-        self.metadata
-            .labels
-            .as_ref()?
-            .get(ENTRY_LABEL)
-            .map(String::as_str)
-    }
-
-    /// Whether the pod is a placeholder (of any watermark).
-    pub fn is_placeholder(&self) -> bool {
-        self.watermark().is_some()
-    }
-
-    /// Whether the pod waits for devices as the yield understands it:
-    /// unbound, found unschedulable by kube-scheduler, with claims, not a
-    /// placeholder, of a priority above `placeholder_priority`.
-    pub fn waits_for_devices(&self, placeholder_priority: i32) -> bool {
-        self.spec.node_name.is_none()
-            && self.status.unschedulable
-            && self.spec.resource_claims > 0
-            && !self.is_placeholder()
-            && !self.is_terminal()
-            && self.metadata.deletion_timestamp.is_none()
-            && self.spec.priority.unwrap_or(0) > placeholder_priority
-    }
-
-    /// Whether the pod ended (its requests are free again).
-    pub fn is_terminal(&self) -> bool {
-        matches!(self.status.phase.as_deref(), Some("Succeeded" | "Failed"))
-    }
-
-    /// Whether the pod counts as workload on the nodes `selected` accepts:
-    /// bound there, not terminal, not being deleted, not a placeholder,
-    /// outside the `kube-*` namespaces.
-    pub fn is_workload(&self, selected: impl Fn(&str) -> bool) -> bool {
-        self.spec.node_name.as_deref().is_some_and(selected)
-            && !self.is_terminal()
-            && self.metadata.deletion_timestamp.is_none()
-            && !self.is_placeholder()
-            && !self.namespace().starts_with("kube-")
-    }
+/// Whether the pod counts as workload on the nodes `selected` accepts:
+/// bound there, not terminal, not being deleted, not a placeholder (ours
+/// or the seed operator's), outside the `kube-*` namespaces.
+pub fn is_workload(pod: &PodView, selected: impl Fn(&str) -> bool) -> bool {
+    pod.holds_node()
+        && pod.node_name().is_some_and(selected)
+        && !pod.is_placeholder()
+        && !pod.namespace().starts_with("kube-")
 }
 
 /// The CPU and memory the workload pods among `pods` request.
 pub fn workload_requests<'a>(
-    pods: impl IntoIterator<Item = &'a HeadroomPod>,
+    pods: impl IntoIterator<Item = &'a PodView>,
     selected: impl Fn(&str) -> bool + Copy,
 ) -> Resources {
+    let zero = Quantity::from_units(0);
     pods.into_iter()
-        .filter(|p| p.is_workload(selected))
-        .map(HeadroomPod::effective_requests)
-        .fold(Resources::default(), add)
+        .filter(|p| is_workload(p, selected))
+        .map(|p| p.requests().effective())
+        .fold(Resources::default(), |sum, requests| Resources {
+            cpu: sum
+                .cpu
+                .checked_add(*requests.get("cpu").unwrap_or(&zero))
+                .unwrap_or(sum.cpu),
+            memory: sum
+                .memory
+                .checked_add(*requests.get("memory").unwrap_or(&zero))
+                .unwrap_or(sum.memory),
+        })
 }
 
 #[cfg(test)]
@@ -333,8 +43,24 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
-    fn pod(v: Value) -> HeadroomPod {
+    use crate::naming::{
+        SEED_PLACEHOLDER_LABEL, WATERMARK_ENTRY_LABEL as ENTRY_LABEL, WATERMARK_LABEL,
+    };
+
+    fn pod(mut v: Value) -> PodView {
+        if v.get("metadata").is_none() {
+            v["metadata"] = json!({"name": "p", "namespace": "team"});
+        }
         serde_json::from_value(v).unwrap()
+    }
+
+    fn cpu_memory(pod: &PodView) -> Resources {
+        let effective = pod.requests().effective();
+        let zero = Quantity::from_units(0);
+        Resources {
+            cpu: *effective.get("cpu").unwrap_or(&zero),
+            memory: *effective.get("memory").unwrap_or(&zero),
+        }
     }
 
     fn c(cpu: &str, memory: &str) -> Value {
@@ -380,11 +106,7 @@ mod tests {
             ("no requests", json!({"containers": [{}]}), res("0", "0")),
         ];
         for (name, spec, want) in rows {
-            assert_eq!(
-                pod(json!({"spec": spec})).effective_requests(),
-                want,
-                "{name}"
-            );
+            assert_eq!(cpu_memory(&pod(json!({"spec": spec}))), want, "{name}");
         }
     }
 
@@ -430,7 +152,7 @@ mod tests {
             ),
         ];
         for (name, p, want) in rows {
-            assert_eq!(p.is_workload(selected), want, "{name}");
+            assert_eq!(is_workload(&p, selected), want, "{name}");
         }
         let pods = [
             pod(
@@ -445,16 +167,21 @@ mod tests {
             ),
         ];
         assert_eq!(workload_requests(&pods, selected), res("3", "2Gi"));
+        // The seed operator's placeholders are headroom too.
+        let seed = pod(
+            json!({"metadata": {"namespace": "a", "labels": {SEED_PLACEHOLDER_LABEL: ""}},
+            "spec": {"nodeName": "gpu-1", "containers": [c("8", "8Gi")]}}),
+        );
+        assert!(!is_workload(&seed, selected));
     }
 
     #[test]
     fn the_placeholder_gate_is_found_by_index() {
         let gated = |gates: Value| -> Option<usize> {
-            let pod: HeadroomPod =
-                serde_json::from_value(json!({"spec": {"schedulingGates": gates}})).unwrap();
+            let pod = pod(json!({"spec": {"schedulingGates": gates}}));
             pod.spec.placeholder_gate
         };
-        let ours = super::super::desired::PLACEHOLDER_GATE;
+        let ours = crate::naming::PLACEHOLDER_GATE;
         assert_eq!(gated(json!([{"name": ours}])), Some(0));
         assert_eq!(gated(json!([{"name": "other"}, {"name": ours}])), Some(1));
         assert_eq!(gated(json!([{"name": "other"}])), None);

@@ -46,7 +46,7 @@ use tracing::{debug, info};
 use crate::model::features::FeatureGates;
 use crate::model::views::{self, ClaimView, NodeView, PodView, TemplateView};
 use crate::runtime::events::EventRecorder;
-use crate::runtime::informer::{Informer, Observer};
+use crate::runtime::informer::{Fanout, Handler, Informer, Observer};
 use crate::runtime::reachability::Reachability;
 use crate::runtime::store::Store;
 use crate::workqueue::WorkQueue;
@@ -69,8 +69,17 @@ pub const EVENT_COMPONENT: &str = "resource_claim";
 /// declared nodes), told after each change is in the caches.
 #[derive(Default)]
 pub struct Observers {
-    pub pods: OnceLock<Arc<dyn Observer<PodView>>>,
-    pub claims: OnceLock<Arc<dyn Observer<ClaimView>>>,
+    pods: OnceLock<Vec<Arc<dyn Observer<PodView>>>>,
+    claims: OnceLock<Vec<Arc<dyn Observer<ClaimView>>>>,
+}
+
+impl Observers {
+    fn pods(&self) -> impl Iterator<Item = &Arc<dyn Observer<PodView>>> {
+        self.pods.get().into_iter().flatten()
+    }
+    fn claims(&self) -> impl Iterator<Item = &Arc<dyn Observer<ClaimView>>> {
+        self.claims.get().into_iter().flatten()
+    }
 }
 
 /// The controller: informers feeding caches, one queue, N workers.
@@ -130,9 +139,13 @@ impl Controller {
         }))
     }
 
-    /// Lets `pods` and `claims` react to the pod and claim watches too.
-    /// Set once, before the watches run.
-    pub fn observe(&self, pods: Arc<dyn Observer<PodView>>, claims: Arc<dyn Observer<ClaimView>>) {
+    /// Lets `pods` and `claims` react to changes of the pod and claim
+    /// stores too. Set once, before the watches run.
+    pub fn observe(
+        &self,
+        pods: Vec<Arc<dyn Observer<PodView>>>,
+        claims: Vec<Arc<dyn Observer<ClaimView>>>,
+    ) {
         let _ = self.observers.pods.set(pods);
         let _ = self.observers.claims.set(claims);
     }
@@ -174,10 +187,15 @@ impl Controller {
             && self.pod_groups.as_ref().is_none_or(Informer::is_synced)
     }
 
-    /// Runs the watches until the process ends.
-    pub async fn run_watches(self: Arc<Self>) {
+    /// Runs the watches until the process ends. The pod watch is the
+    /// process's only one: `also_pods` (other rooms' handlers, wired by
+    /// `app.rs`) see each of its events after this controller does.
+    pub async fn run_watches(self: Arc<Self>, also_pods: Vec<Arc<dyn Handler<PodView>>>) {
         let client = self.ctx.client.clone();
         let this = &*self;
+        let mut pod_handlers: Vec<&dyn Handler<PodView>> = vec![this];
+        pod_handlers.extend(also_pods.iter().map(|h| &**h));
+        let pods = Fanout::new(pod_handlers);
         let groups = async {
             if let (Some(informer), Some(api)) = (&this.pod_groups, this.ctx.caches.pod_group_api())
             {
@@ -191,7 +209,7 @@ impl Controller {
         };
         tokio::join!(
             this.pods
-                .run_protobuf(Api::<PodView>::all(client.clone()), this),
+                .run_protobuf(Api::<PodView>::all(client.clone()), &pods),
             this.claims.run(Api::<ClaimView>::all(client.clone()), this),
             this.templates
                 .run(Api::<TemplateView>::all(client.clone()), this),

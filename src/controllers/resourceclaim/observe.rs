@@ -65,7 +65,7 @@ pub fn first_sight(mut pod: PodView, now: Instant) -> PodView {
 /// fallback for a pod whose managed fields were stripped: bound, and first
 /// seen before anyone reported it scheduled.
 pub fn placed_without_scheduler(pod: &PodView) -> bool {
-    pod.node_name().is_some() && (pod.node_name_written || !pod.status.scheduled)
+    pod.node_name().is_some() && (pod.node_name_written || !pod.status.scheduling.scheduled)
 }
 
 #[cfg(test)]

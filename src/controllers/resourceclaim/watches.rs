@@ -43,7 +43,7 @@ impl Handler<PodView> for Controller {
         for pod in &pods {
             self.enqueue(keys_for_pod_event(pod, false, caches));
         }
-        if let Some(observer) = self.observers.pods.get() {
+        for observer in self.observers.pods() {
             observer.relisted();
         }
         info!(
@@ -67,7 +67,7 @@ impl Handler<PodView> for Controller {
                 let pod = Arc::new(pod);
                 let old = caches.pods.apply(key, pod.clone());
                 self.enqueue(keys_for_pod_event(&pod, false, caches));
-                if let Some(observer) = self.observers.pods.get() {
+                for observer in self.observers.pods() {
                     observer.applied(old.as_deref(), &pod);
                 }
             }
@@ -112,7 +112,7 @@ impl Handler<ClaimView> for Controller {
             caches.forget_created(&object_key(claim.namespace(), claim.name()));
             self.claim_changed(claim, false);
         }
-        if let Some(observer) = self.observers.claims.get() {
+        for observer in self.observers.claims() {
             observer.relisted();
         }
         info!(claims = caches.claims.len(), "claim cache loaded");
@@ -125,7 +125,7 @@ impl Handler<ClaimView> for Controller {
         let old = caches.claims.apply(key.clone(), claim.clone());
         caches.forget_created(&key);
         self.claim_changed(&claim, false);
-        if let Some(observer) = self.observers.claims.get() {
+        for observer in self.observers.claims() {
             observer.applied(old.as_deref(), &claim);
         }
     }
@@ -136,7 +136,7 @@ impl Handler<ClaimView> for Controller {
         caches.claims.delete(&key);
         caches.forget_created(&key);
         self.claim_changed(&claim, true);
-        if let Some(observer) = self.observers.claims.get() {
+        for observer in self.observers.claims() {
             observer.deleted(&claim);
         }
     }
@@ -266,7 +266,7 @@ impl Controller {
         let caches = &self.ctx.caches;
         caches.deleted_pods.add(pod.uid().to_string());
         self.enqueue(keys_for_pod_event(pod, true, caches));
-        if let Some(observer) = self.observers.pods.get() {
+        for observer in self.observers.pods() {
             observer.deleted(pod);
         }
     }

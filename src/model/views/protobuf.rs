@@ -13,8 +13,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::{
     ANNOTATION_VALUE_MAX, ExtendedClaimRef, POD_LABELS_READ, PodView, PodViewSpec, PodViewStatus,
-    SchedulingGroupRef, fields_v1_own_node_name,
+    SchedulingConditions, SchedulingGroupRef, fields_v1_own_node_name,
 };
+use crate::model::requests::{InitRequests, ResourceList, add_into, parse_list};
 use crate::runtime::protobuf::{FromProtobuf, Value, WireError, fields, map_entry, time};
 
 impl FromProtobuf for PodView {
@@ -92,11 +93,33 @@ fn managed_entry_owns_node_name(raw: &[u8]) -> Result<bool, WireError> {
     Ok(owns && !subresource)
 }
 
-/// `PodSpec`: nodeName 10, resourceClaims 39, schedulingGroup 43.
+/// `PodSpec`: containers 2, nodeName 10, initContainers 20, priority 25,
+/// overhead 32, schedulingGates 38 (`PodSchedulingGate`: name 1),
+/// resourceClaims 39, resources 40, schedulingGroup 43.
 fn pod_spec(raw: &[u8]) -> Result<PodViewSpec, WireError> {
     let mut spec = PodViewSpec::default();
+    let mut gates = 0usize;
     for field in fields(raw) {
         match field? {
+            (2, v) => add_into(
+                &mut spec.container_requests,
+                &container(v.bytes()?)?.requests,
+            ),
+            (20, v) => spec.init_requests.push(container(v.bytes()?)?),
+            (25, v) => spec.priority = Some(v.int()? as i32),
+            (32, v) => add_quantity(&mut spec.overhead, v.bytes()?)?,
+            (38, v) => {
+                for field in fields(v.bytes()?) {
+                    if let (1, name) = field?
+                        && spec.placeholder_gate.is_none()
+                        && name.bytes()? == crate::naming::PLACEHOLDER_GATE.as_bytes()
+                    {
+                        spec.placeholder_gate = Some(gates);
+                    }
+                }
+                gates += 1;
+            }
+            (40, v) => spec.pod_level_requests = requirements(v.bytes()?)?,
             (10, v) => spec.node_name = non_empty(v)?,
             (39, v) => spec.resource_claims.push(resource_claim(v.bytes()?)?),
             (43, v) => {
@@ -138,7 +161,7 @@ fn pod_status(raw: &[u8]) -> Result<PodViewStatus, WireError> {
     for field in fields(raw) {
         match field? {
             (1, v) => status.phase = non_empty(v)?,
-            (2, v) => status.scheduled |= is_scheduled_condition(v.bytes()?)?,
+            (2, v) => note_condition(&mut status.scheduling, v.bytes()?)?,
             (8, v) => {
                 containers += 1;
                 if let Some(at) = container_finished_at(v.bytes()?)? {
@@ -175,17 +198,57 @@ fn pod_status(raw: &[u8]) -> Result<PodViewStatus, WireError> {
     Ok(status)
 }
 
-/// `PodCondition` (type 1, status 2) is `PodScheduled=True`.
-fn is_scheduled_condition(raw: &[u8]) -> Result<bool, WireError> {
-    let (mut type_, mut status) = (String::new(), String::new());
+/// `PodCondition`: type 1, status 2, reason 5.
+fn note_condition(flags: &mut SchedulingConditions, raw: &[u8]) -> Result<(), WireError> {
+    let (mut type_, mut status, mut reason) = (String::new(), String::new(), String::new());
     for field in fields(raw) {
         match field? {
             (1, v) => type_ = v.string()?,
             (2, v) => status = v.string()?,
+            (5, v) => reason = v.string()?,
             _ => {}
         }
     }
-    Ok(type_ == "PodScheduled" && status == "True")
+    flags.note(&type_, &status, &reason);
+    Ok(())
+}
+
+/// `Container`: resources 8 (`ResourceRequirements`), restartPolicy 24.
+fn container(raw: &[u8]) -> Result<InitRequests, WireError> {
+    let mut out = InitRequests::default();
+    for field in fields(raw) {
+        match field? {
+            (8, v) => out.requests = requirements(v.bytes()?)?,
+            (24, v) => out.sidecar = v.bytes()? == b"Always",
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// `ResourceRequirements`: requests 2.
+fn requirements(raw: &[u8]) -> Result<ResourceList, WireError> {
+    let mut requests = ResourceList::new();
+    for field in fields(raw) {
+        if let (2, v) = field? {
+            add_quantity(&mut requests, v.bytes()?)?;
+        }
+    }
+    Ok(requests)
+}
+
+/// One `map<string, Quantity>` entry into `list` (`Quantity`: string 1);
+/// one that does not parse counts as nothing, as on the JSON path.
+fn add_quantity(list: &mut ResourceList, entry: &[u8]) -> Result<(), WireError> {
+    let (name, quantity) = map_entry(entry)?;
+    let mut text = String::new();
+    for field in fields(quantity.bytes()?) {
+        if let (1, v) = field? {
+            text = v.string()?;
+        }
+    }
+    list.extend(parse_list([(name.string()?, text)]));
+    Ok(())
 }
 
 /// `ContainerStatus.state` 2 → `ContainerState.terminated` 3 →

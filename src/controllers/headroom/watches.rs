@@ -1,0 +1,165 @@
+//! What wakes headroom: its own watch of watermarks, its share of the
+//! process's pod watch (it keeps the pods it reads), and the changes of the
+//! process's claim, slice, class and node stores, which it observes.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use kube::Api;
+use kube::api::ListParams;
+use tracing::error;
+
+use super::controller::{Controller, PLACEHOLDER_PRIORITY, POD_KEY_PREFIX};
+use super::watermark::{WatermarkView, selects};
+use crate::model::views::{ClaimView, NodeView, PodView};
+use crate::runtime::informer::{Handler, Observer};
+use crate::runtime::store::object_key;
+
+/// The pods headroom keeps of the pod watch: those bound to a node and not
+/// finished (usage), those with claims that have not finished (they may
+/// wait for devices), and placeholders of any state. Unbound pods without
+/// claims, and finished ones, weigh nothing here and are not held.
+pub fn keeps(pod: &PodView) -> bool {
+    pod.is_placeholder()
+        || (!pod.is_terminal()
+            && (pod.node_name().is_some() || !pod.spec.resource_claims.is_empty()))
+}
+
+impl Controller {
+    /// Runs the watermark watch until the process ends.
+    pub async fn run_watch(self: Arc<Self>) {
+        self.check_crd().await;
+        let events = WatermarkEvents(&self);
+        self.watermark_watch
+            .run(Api::<WatermarkView>::all(self.client.clone()), &events)
+            .await;
+    }
+
+    /// Says once, plainly, when the CRD is not installed: the watch alone
+    /// would only retry with "404 page not found".
+    async fn check_crd(&self) {
+        let api = Api::<WatermarkView>::all(self.client.clone());
+        if let Err(kube::Error::Api(status)) = api.list(&ListParams::default().limit(1)).await
+            && status.code == 404
+        {
+            error!(
+                "the NodeScalingWatermark CRD (nodescalingwatermarks.dra-claim-controller.io) is not \
+                 installed: apply charts/dra-claim-controller/crds/nodescalingwatermarks.yaml (helm \
+                 install does), or drop headroom from --controllers; waiting for it"
+            );
+        }
+    }
+
+    /// Resolves once the watermarks and the process's watches are loaded.
+    pub async fn wait_synced(&self) {
+        self.watermark_watch.wait_synced().await;
+        self.synced.wait().await;
+    }
+
+    /// The watermarks a change of `pod` (from `old`) may move: those whose
+    /// placeholder it is, and those whose nodes it is or was bound to.
+    fn touched_by(&self, pod: &PodView, old: Option<&PodView>) -> Vec<String> {
+        let nodes: Vec<Arc<NodeView>> = [Some(pod), old]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| self.devices.nodes.get(p.node_name()?))
+            .collect();
+        self.watermarks
+            .list()
+            .iter()
+            .filter(|wm| {
+                let placeholder = [Some(pod), old].into_iter().flatten().any(|p| {
+                    p.namespace() == wm.namespace() && p.placeholder_of() == Some(wm.name())
+                });
+                placeholder || {
+                    let selector = wm.spec.settle().placement.node_selector;
+                    nodes.iter().any(|n| selects(&selector, n.labels()))
+                }
+            })
+            .map(|wm| object_key(wm.namespace(), wm.name()))
+            .collect()
+    }
+
+    fn pod_changed(&self, pod: &PodView, old: Option<&PodView>) {
+        for key in self.touched_by(pod, old) {
+            self.enqueue(key);
+        }
+    }
+}
+
+struct WatermarkEvents<'a>(&'a Controller);
+
+impl Handler<WatermarkView> for WatermarkEvents<'_> {
+    fn relisted(&self, watermarks: Vec<WatermarkView>) {
+        let entries = watermarks
+            .into_iter()
+            .map(|w| (object_key(w.namespace(), w.name()), Arc::new(w)))
+            .collect();
+        for gone in self.0.watermarks.replace(entries) {
+            self.0.forget_watermark(gone.namespace(), gone.name());
+        }
+        self.0.enqueue_all();
+    }
+    fn applied(&self, wm: WatermarkView) {
+        let key = object_key(wm.namespace(), wm.name());
+        self.0.watermarks.apply(key.clone(), Arc::new(wm));
+        self.0.enqueue(key);
+    }
+    fn deleted(&self, wm: WatermarkView) {
+        self.0
+            .watermarks
+            .delete(&object_key(wm.namespace(), wm.name()));
+        self.0.forget_watermark(wm.namespace(), wm.name());
+    }
+}
+
+/// Headroom's share of the process's pod watch.
+impl Handler<PodView> for Controller {
+    fn admit(&self, pod: PodView) -> Option<PodView> {
+        keeps(&pod).then_some(pod)
+    }
+    fn relisted(&self, pods: Vec<PodView>) {
+        let entries = pods
+            .into_iter()
+            .map(|p| (object_key(p.namespace(), p.name()), Arc::new(p)))
+            .collect();
+        self.pods.replace(entries);
+        self.enqueue_all();
+    }
+    fn applied(&self, pod: PodView) {
+        let key = object_key(pod.namespace(), pod.name());
+        if self.yield_enabled && pod.waits_for_devices(PLACEHOLDER_PRIORITY) {
+            self.enqueue(format!("{POD_KEY_PREFIX}{key}"));
+        }
+        let old = if keeps(&pod) {
+            self.pods.apply(key, Arc::new(pod.clone()))
+        } else {
+            self.pods.delete(&key)
+        };
+        self.pod_changed(&pod, old.as_deref());
+    }
+    fn deleted(&self, pod: PodView) {
+        let old = self.pods.delete(&object_key(pod.namespace(), pod.name()));
+        self.pod_changed(&pod, old.as_deref());
+    }
+}
+
+/// Claims, slices, classes and nodes move device counts and node
+/// selections: every watermark is looked at again.
+macro_rules! requeue_all_on_change {
+    ($($kind:ty),*) => {$(
+        impl Observer<$kind> for Controller {
+            fn relisted(&self) {
+                self.enqueue_all();
+            }
+            fn applied(&self, _old: Option<&$kind>, _new: &$kind) {
+                self.enqueue_all();
+            }
+            fn deleted(&self, _last: &$kind) {
+                self.enqueue_all();
+            }
+        }
+    )*};
+}
+
+requeue_all_on_change!(ClaimView, ResourceSlice, DeviceClass, NodeView);
