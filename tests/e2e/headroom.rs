@@ -34,7 +34,7 @@ fn watermark_resource() -> ApiResource {
 }
 
 /// Applies the chart's CRD and waits until it is served.
-async fn install_crd(admin: &kube::Client) {
+pub(crate) async fn install_crd(admin: &kube::Client) {
     let path = crate::helm::chart_dir().join("crds/nodescalingwatermarks.yaml");
     let crd: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let resource = ApiResource::from_gvk_with_plural(

@@ -4,6 +4,7 @@
 //! pods in protobuf, read exactly as from JSON.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use dra_claim_controller::model::views::PodView;
 use dra_claim_controller::naming::{
@@ -243,5 +244,115 @@ async fn pods_read_from_protobuf_equal_pods_read_from_json() {
     )
     .await
     .unwrap();
+    t.finish();
+}
+
+/// One watch per resource kind for the whole process: with the claim
+/// controller, the allocator and headroom all on, each kind is listed once
+/// and watched once at start-up, as the API server's audit log of list and
+/// watch requests shows. (A (re)list is a streaming list, or a paged list
+/// where the server refuses those: at most one of each per kind.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_resource_kind_is_listed_and_watched_once() {
+    const NAME: &str = "each_resource_kind_is_listed_and_watched_once";
+    let apiserver = crate::cluster::ApiserverOptions {
+        audit_list_watch: true,
+        ..Default::default()
+    };
+    let opts = ControllerOpts {
+        extra_args: vec![
+            "--controllers=resourceclaim,headroom".into(),
+            "--allocate-on-nodes=dra.example.com/pre-scheduled=true".into(),
+        ],
+        ..ControllerOpts::default()
+    };
+    let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &apiserver).await else {
+        return;
+    };
+    let admin = t.isolated_env().cluster.admin_client().await.unwrap();
+    crate::headroom::install_crd(&admin).await;
+    let audit_log = t.isolated_env().cluster.audit_log();
+    t.isolated_env().start_controller().await.unwrap();
+
+    let expected = [
+        "pods",
+        "resourceclaims",
+        "resourceclaimtemplates",
+        "resourceslices",
+        "deviceclasses",
+        "nodes",
+        "nodescalingwatermarks",
+    ];
+    let requests = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&audit_log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| {
+                e["userAgent"]
+                    .as_str()
+                    .is_some_and(|ua| ua.starts_with("dra-claim-controller/"))
+            })
+            .collect()
+    };
+    let kind_of = |e: &serde_json::Value| e["objectRef"]["resource"].as_str().map(str::to_string);
+    let query = |e: &serde_json::Value, key: &str| -> Option<String> {
+        let uri = e["requestURI"].as_str()?;
+        let (_, query) = uri.split_once('?')?;
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(&format!("{key}=")).map(str::to_string))
+    };
+    // A one-object probe (`limit=1`: is the CRD installed, does the node
+    // selector parse) caches nothing.
+    let is_probe = |e: &serde_json::Value| query(e, "limit").as_deref() == Some("1");
+    let is_stream_list = |e: &serde_json::Value| {
+        e["verb"] == "watch" && query(e, "sendInitialEvents").as_deref() == Some("true")
+    };
+    let is_page_list = |e: &serde_json::Value| e["verb"] == "list" && !is_probe(e);
+    let is_follow = |e: &serde_json::Value| e["verb"] == "watch" && !is_stream_list(e);
+    crate::k8s::wait_for("every kind listed", Duration::from_secs(60), async || {
+        let listed: std::collections::BTreeSet<String> = requests()
+            .iter()
+            .filter(|e| is_stream_list(e) || is_page_list(e))
+            .filter_map(kind_of)
+            .collect();
+        let missing: Vec<&str> = expected
+            .iter()
+            .filter(|k| !listed.contains(**k))
+            .copied()
+            .collect();
+        anyhow::ensure!(missing.is_empty(), "not listed yet: {missing:?}");
+        Ok(())
+    })
+    .await;
+    // Every watch follows its list at once; a second informer of a kind
+    // would have listed and watched by now too. Re-watches come only after
+    // the 8 s server timeout.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let seen = requests();
+    let mut counts: BTreeMap<String, [usize; 3]> = BTreeMap::new();
+    for e in &seen {
+        let Some(kind) = kind_of(e) else { continue };
+        let slot = counts.entry(kind).or_default();
+        if is_stream_list(e) {
+            slot[0] += 1;
+        } else if is_page_list(e) {
+            slot[1] += 1;
+        } else if is_follow(e) {
+            slot[2] += 1;
+        }
+    }
+    eprintln!("{NAME}: [streaming lists, paged lists, watches] per kind: {counts:?}");
+    for (kind, [stream, pages, follows]) in &counts {
+        assert!(
+            *stream <= 1 && *pages <= 1 && stream + pages >= 1,
+            "{kind} listed more than once (or never): {stream} streaming, {pages} paged"
+        );
+        assert!(*follows <= 1, "{kind} watched {follows} times");
+    }
+    for kind in expected {
+        assert!(counts.contains_key(kind), "{kind} never listed");
+    }
     t.finish();
 }

@@ -171,7 +171,22 @@ pub struct ApiserverOptions {
     /// that pods get their service account's token (kube-controller-manager
     /// must then run the service-account controllers).
     pub serve_pods: bool,
+    /// Write an audit log of every list and watch request (at receipt) to
+    /// [`Cluster::audit_log`], so that a test can count them.
+    pub audit_list_watch: bool,
 }
+
+const AUDIT_LOG: &str = "audit.log";
+
+/// The audit policy of [`ApiserverOptions::audit_list_watch`].
+const LIST_WATCH_AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [ResponseStarted, ResponseComplete, Panic]
+rules:
+- level: Metadata
+  verbs: [list, watch]
+- level: None
+";
 
 impl Cluster {
     /// A kubeconfig for a new ServiceAccount `name` in
@@ -197,6 +212,12 @@ impl Cluster {
 
     pub async fn start(bins: &Binaries) -> anyhow::Result<Self> {
         Self::start_with(bins, &ApiserverOptions::default()).await
+    }
+
+    /// The audit log of [`ApiserverOptions::audit_list_watch`], one JSON
+    /// event per line.
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join(AUDIT_LOG)
     }
 
     pub async fn start_with(bins: &Binaries, options: &ApiserverOptions) -> anyhow::Result<Self> {
@@ -486,6 +507,13 @@ async fn start_apiserver(
         ];
         if !gates.is_empty() {
             args.push(format!("--feature-gates={gates}"));
+        }
+        if options.audit_list_watch {
+            let policy = dir.join("audit-policy.yaml");
+            std::fs::write(&policy, LIST_WATCH_AUDIT_POLICY)?;
+            args.push(format!("--audit-policy-file={}", p(&policy)));
+            args.push(format!("--audit-log-path={}", p(&dir.join(AUDIT_LOG))));
+            args.push("--audit-log-format=json".into());
         }
         let apiserver = Proc::spawn(
             "kube-apiserver",

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use prometheus::Registry;
 use tracing::{Instrument, debug, info, info_span};
 
-use super::execute::Written;
 use super::metrics::Metrics;
 use super::plan::{Plan, Snapshot};
+use super::status::Observed;
 use super::watermark::WatermarkView;
 use crate::model::DeviceId;
 use crate::model::features::FeatureGates as Gates;
@@ -25,6 +25,7 @@ use crate::runtime::reachability::Reachability;
 use crate::runtime::retry::requeue;
 use crate::runtime::store::{Store, object_key};
 use crate::workqueue::WorkQueue;
+use serde_json::Value;
 
 /// The queue's name (`workqueue_*{name="dra_headroom"}`).
 pub const QUEUE_NAME: &str = "dra_headroom";
@@ -46,6 +47,15 @@ pub struct Stores {
     pub devices: DeviceStores,
     pub claims: Arc<Store<ClaimView>>,
     pub synced: WatchesSynced,
+}
+
+/// What the last successful sync of a watermark wrote: an unchanged sync
+/// writes nothing.
+#[derive(Default)]
+pub(super) struct Written {
+    /// Object key (`Kind/name`) → the applied body.
+    pub(super) objects: BTreeMap<String, Value>,
+    pub(super) observed: Option<Observed>,
 }
 
 /// The headroom controller.
@@ -240,7 +250,7 @@ impl Controller {
         }
     }
 
-    async fn sync(&self, key: &str) -> Result<(), SyncError> {
+    pub(super) async fn sync(&self, key: &str) -> Result<(), SyncError> {
         self.prune_yields();
         if let Some(pod) = key.strip_prefix(POD_KEY_PREFIX) {
             return self.yield_for(pod).await;

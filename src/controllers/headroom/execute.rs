@@ -14,21 +14,12 @@ use kube::api::{
 use serde_json::{Value, json};
 use tracing::{debug, info};
 
-use super::controller::{Controller, FIELD_MANAGER};
+use super::controller::{Controller, FIELD_MANAGER, Written};
 use super::desired::PLACEHOLDER_GATE;
 use super::status::{Observed, conditions, status_patch};
 use super::watermark::{WatermarkView, carry_transitions};
 use crate::naming::WATERMARK_LABEL;
 use crate::runtime::error::{SyncError, kube_err};
-
-/// What the last successful sync of a watermark wrote: an unchanged sync
-/// writes nothing.
-#[derive(Default)]
-pub(super) struct Written {
-    /// Object key (`Kind/name`) → the applied body.
-    pub(super) objects: BTreeMap<String, Value>,
-    pub(super) observed: Option<Observed>,
-}
 
 fn deployments() -> ApiResource {
     ApiResource::from_gvk_with_plural(

@@ -20,14 +20,20 @@ pub mod controller;
 pub mod desired;
 pub mod devices;
 mod execute;
+#[cfg(test)]
+mod execute_tests;
 mod metrics;
 pub mod plan;
+#[cfg(test)]
+mod plan_tests;
 pub mod sizing;
 pub mod status;
 pub mod usage;
 mod watches;
 pub mod watermark;
 pub mod yield_choice;
+#[cfg(test)]
+mod yield_choice_tests;
 mod yielding;
 
 /// The room's door: what `app.rs` uses.
