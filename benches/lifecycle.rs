@@ -80,6 +80,11 @@ pub struct Args {
     /// `--concurrent-resourceclaim-syncs` for the reference).
     #[arg(long, default_value_t = 50)]
     pub concurrent_syncs: u32,
+    /// A further flag for our controller, repeatable (e.g.
+    /// `--ours-arg=--controllers=resourceclaim,headroom`; with headroom the
+    /// chart's CRD is applied first).
+    #[arg(long = "ours-arg", allow_hyphen_values = true)]
+    pub ours_args: Vec<String>,
     /// Controllers to run, in this order.
     #[arg(long, value_delimiter = ',', default_value = "ours,reference")]
     pub controllers: Vec<Kind>,
@@ -208,6 +213,10 @@ async fn run_one(
     let cluster = Cluster::start(bins).await?;
     let client = cluster.admin_client().await?;
     load::prepare(&client, args).await?;
+    if args.ours_args.iter().any(|a| a.contains("headroom")) {
+        let crd = helm::chart_dir().join("crds/nodescalingwatermarks.yaml");
+        helm::apply_rendered(&client, &std::fs::read_to_string(crd)?).await?;
+    }
     if args.fill_pods > 0 {
         load::fill(&client, args).await?;
     }

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use crate::cli::Args;
+use crate::cli::{Args, ReferenceRelease};
+use crate::model::features::Release;
 use crate::model::selector::LabelSelector;
 use std::sync::Arc;
 
@@ -207,13 +208,28 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             "--feature-gates: ignoring kube-controller-manager gates that do not concern the claim controller"
         );
     }
-    let pod_group_api = if args.feature_gates.gates.workload_resource_claims {
-        Some(crate::controllers::resourceclaim::discover_pod_group_api(&client).await?)
+    let mut gates = args.feature_gates.gates;
+    let (release, source) = reference_release(&client, args.reference_release).await?;
+    gates.release = release;
+    info!(release = %release, source, "acting as kube-controller-manager {release}'s resourceclaim-controller");
+    register_release_gauge(&registry, release)?;
+    // PodGroups are read with DRAWorkloadResourceClaims, and in 1.37 also
+    // with GenericWorkload (a pod's group is looked up whatever the other
+    // gate says).
+    let pod_groups_why = if gates.workload_resource_claims {
+        Some("--feature-gates DRAWorkloadResourceClaims=true")
+    } else if release.is_1_37() && gates.generic_workload {
+        Some("--feature-gates GenericWorkload=true (Kubernetes 1.37)")
     } else {
         None
     };
+    let pod_group_api = match pod_groups_why {
+        Some(why) => {
+            Some(crate::controllers::resourceclaim::discover_pod_group_api(&client, why).await?)
+        }
+        None => None,
+    };
     let allocate_on_nodes = declared_nodes(&client, &args.allocate_on_nodes).await?;
-    let gates = args.feature_gates.gates;
     // The allocator's declared nodes are created first: the claim
     // controller reads them to know whose claims are allocated here.
     let declared = allocate_on_nodes
@@ -246,7 +262,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                     pods: caches.pods.clone(),
                     claims: caches.claims.clone(),
                     pod_groups: caches
-                        .pod_groups_enabled()
+                        .group_claims_enabled()
                         .then(|| caches.pod_groups.clone()),
                     devices: device_watches.stores().clone(),
                     synced: synced.clone(),
@@ -342,6 +358,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         });
     }
 
+    let client_for_version = client.clone();
     let leader = election.spawn(client, &registry)?;
     health.follow_lease(leader.lease_health());
     let mut lost = std::pin::pin!(leader.lost());
@@ -359,6 +376,16 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Leadership may have come and gone while the caches loaded.
     if !leader.is_leader() {
         error!("lost leadership before starting work; exiting");
+        return Ok(ExitCode::from(1));
+    }
+    // A standby may take the lead long after it started, on an upgraded
+    // cluster: its rules must be those of the release serving now.
+    if args.reference_release == ReferenceRelease::Auto
+        && let Ok((now, _)) = reference_release(&client_for_version, ReferenceRelease::Auto).await
+        && now != release
+    {
+        warn!(started_as = %release, serving = %now, "the API server's release changed since start; restarting to follow it");
+        leader.release().await;
         return Ok(ExitCode::from(1));
     }
     controller.start_leading();
@@ -449,6 +476,55 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The release whose rules apply and where that came from: pinned by the
+/// flag, or the API server's version.
+async fn reference_release(
+    client: &kube::Client,
+    flag: ReferenceRelease,
+) -> anyhow::Result<(Release, &'static str)> {
+    match flag {
+        ReferenceRelease::Pinned(release) => Ok((release, "--reference-release")),
+        ReferenceRelease::Auto => {
+            let info = client.apiserver_version().await.map_err(|e| {
+                anyhow::anyhow!(
+                    "--reference-release=auto: reading the API server's version (GET /version) \
+                     failed: {e}; pin the release with --reference-release=1.36 or 1.37"
+                )
+            })?;
+            let minor = minor_version(&info.minor).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--reference-release=auto: the API server reports minor version {:?}, which \
+                     is not a number; pin the release with --reference-release=1.36 or 1.37",
+                    info.minor
+                )
+            })?;
+            Ok((Release::for_minor(minor), "the API server's version"))
+        }
+    }
+}
+
+/// The number of a `/version` minor field ("36", or "37+" from some
+/// distributions).
+pub fn minor_version(minor: &str) -> Option<u32> {
+    let digits: String = minor.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// `dra_claim_controller_reference_release{release}`: 1 for the release
+/// whose rules apply.
+fn register_release_gauge(registry: &prometheus::Registry, release: Release) -> anyhow::Result<()> {
+    let gauge = prometheus::IntGaugeVec::new(
+        prometheus::Opts::new(
+            "dra_claim_controller_reference_release",
+            "The kube-controller-manager release whose resourceclaim-controller rules apply (--reference-release, or the API server's version): 1 for that release.",
+        ),
+        &["release"],
+    )?;
+    gauge.with_label_values(&[&release.to_string()]).set(1);
+    registry.register(Box::new(gauge))?;
+    Ok(())
+}
+
 /// Resolves once the stop flag is set.
 async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
@@ -513,6 +589,14 @@ async fn declared_nodes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn minor_versions() {
+        assert_eq!(minor_version("36"), Some(36));
+        assert_eq!(minor_version("37+"), Some(37));
+        assert_eq!(minor_version(""), None);
+        assert_eq!(minor_version("x"), None);
+    }
 
     #[test]
     fn client_http_logs_are_off_unless_asked_for() {

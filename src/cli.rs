@@ -13,7 +13,22 @@ use crate::runtime::leader::{
 };
 
 use crate::controllers::resourceclaim::metrics::MetricsNaming;
-use crate::model::features::FeatureGateFlag;
+use crate::model::features::{FeatureGateFlag, Release};
+
+/// `--reference-release`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReferenceRelease {
+    /// Follow the API server's version.
+    Auto,
+    Pinned(Release),
+}
+
+fn parse_reference_release(s: &str) -> Result<ReferenceRelease, String> {
+    match s.trim() {
+        "auto" => Ok(ReferenceRelease::Auto),
+        other => other.parse().map(ReferenceRelease::Pinned),
+    }
+}
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -119,6 +134,10 @@ pub struct Args {
     /// Names of the claim metrics: 1.36 (resourceclaim_controller_*), 1.37 (dynamic_resource_allocation_*, with owner_api_group/owner_api_kind on the creates counter) or both (same values), so dashboards written for either release work.
     #[arg(long, value_enum, default_value_t = MetricsNaming::Both)]
     pub metrics_naming: MetricsNaming,
+
+    /// Which kube-controller-manager release the claim controller acts as where 1.36 and 1.37 differ: 1.36, 1.37, or auto (the API server's version, read at start and again when this replica takes the lead: 1.37 rules from 1.37 on).
+    #[arg(long, default_value = "auto", value_parser = parse_reference_release)]
+    pub reference_release: ReferenceRelease,
 
     /// Label selector of the nodes where this controller allocates devices for pods created with spec.nodeName (which bypass kube-scheduler): nodes kube-scheduler does not allocate on, e.g. reserved for pre-scheduled workloads. Empty (the default) turns allocation off.
     #[arg(long, default_value = "")]
@@ -455,6 +474,7 @@ mod tests {
         assert_eq!(args.health_probe_bind_address.to_string(), "0.0.0.0:8081");
         assert_eq!(args.log_format, LogFormat::Text);
         assert_eq!(args.metrics_naming, MetricsNaming::Both);
+        assert_eq!(args.reference_release, ReferenceRelease::Auto);
     }
 
     #[test]
@@ -489,6 +509,12 @@ mod tests {
         assert_eq!(off.metrics_bind_address.0, None);
         assert!(Args::try_parse_from(["x", "--feature-gates=Nope=true"]).is_err());
         assert!(Args::try_parse_from(["x", "--concurrent-syncs=0"]).is_err());
+        let pinned = Args::try_parse_from(["x", "--reference-release=1.37"]).unwrap();
+        assert_eq!(
+            pinned.reference_release,
+            ReferenceRelease::Pinned(Release::V1_37)
+        );
+        assert!(Args::try_parse_from(["x", "--reference-release=1.38"]).is_err());
         let named = Args::try_parse_from(["x", "--metrics-naming=1.37"]).unwrap();
         assert_eq!(named.metrics_naming, MetricsNaming::V1_37);
         assert!(Args::try_parse_from(["x", "--metrics-naming=1.38"]).is_err());

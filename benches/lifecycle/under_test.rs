@@ -157,6 +157,7 @@ async fn start_ours(cluster: &Cluster, args: &Args) -> anyhow::Result<Controller
         qps: args.kube_api_qps,
         burst: args.kube_api_burst,
         concurrent_syncs: args.concurrent_syncs,
+        extra_args: args.ours_args.clone(),
         ..ControllerOpts::default()
     };
     let spec = ControllerSpec {

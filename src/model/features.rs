@@ -1,5 +1,6 @@
 //! `--feature-gates`: the DRA gates that change what this controller does,
-//! with Kubernetes 1.36's defaults.
+//! with Kubernetes 1.36's defaults; and the reference release whose
+//! kube-controller-manager the claim controller acts as (`--reference-release`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -20,6 +21,64 @@ pub struct FeatureGates {
     /// (`scheduling.k8s.io`) get claims of their own from templates, member
     /// pods use them, and `reservedFor` may name a PodGroup.
     pub workload_resource_claims: bool,
+    /// `GenericWorkload` (off): pods may belong to PodGroups
+    /// (`spec.schedulingGroup`). From 1.37 on, the claim controller refuses
+    /// a pod in a PodGroup while it is off, and looks PodGroups up while it
+    /// is on, whatever `DRAWorkloadResourceClaims` says.
+    pub generic_workload: bool,
+    /// Which release's rules apply where 1.36 and 1.37 differ (not a gate:
+    /// set from `--reference-release` or the API server's version).
+    pub release: Release,
+}
+
+/// The kube-controller-manager release whose claim controller this one
+/// acts as, where releases differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum Release {
+    #[default]
+    V1_36,
+    V1_37,
+}
+
+impl Release {
+    /// The rules for an API server of Kubernetes `1.<minor>`: 1.36's up to
+    /// 1.36 (1.34 and 1.35 differ in ways `docs/differences.md` lists),
+    /// 1.37's from 1.37 on.
+    pub fn for_minor(minor: u32) -> Self {
+        if minor >= 37 {
+            Release::V1_37
+        } else {
+            Release::V1_36
+        }
+    }
+
+    /// Whether 1.37's rules apply.
+    pub fn is_1_37(self) -> bool {
+        self >= Release::V1_37
+    }
+}
+
+impl fmt::Display for Release {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Release::V1_36 => "1.36",
+            Release::V1_37 => "1.37",
+        })
+    }
+}
+
+impl FromStr for Release {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "1.36" => Ok(Release::V1_36),
+            "1.37" => Ok(Release::V1_37),
+            other => Err(format!(
+                "{other:?} is not a release this controller follows: use 1.36, 1.37 or auto"
+            )),
+        }
+    }
 }
 
 impl Default for FeatureGates {
@@ -29,15 +88,18 @@ impl Default for FeatureGates {
             prioritized_list: true,
             extended_resource: true,
             workload_resource_claims: false,
+            generic_workload: false,
+            release: Release::V1_36,
         }
     }
 }
 
-const KNOWN: [&str; 4] = [
+const KNOWN: [&str; 5] = [
     "DRAAdminAccess",
     "DRAPrioritizedList",
     "DRAExtendedResource",
     "DRAWorkloadResourceClaims",
+    "GenericWorkload",
 ];
 
 /// PodGroup claims (KEP-5729). 1.36 spells the gate
@@ -86,6 +148,7 @@ impl FromStr for FeatureGateFlag {
                 "DRAAdminAccess" => flag.gates.admin_access = value,
                 "DRAPrioritizedList" => flag.gates.prioritized_list = value,
                 "DRAExtendedResource" => flag.gates.extended_resource = value,
+                "GenericWorkload" => flag.gates.generic_workload = value,
                 _ if WORKLOAD_RESOURCE_CLAIMS.contains(&name) => {
                     flag.gates.workload_resource_claims = value
                 }
@@ -120,11 +183,12 @@ impl fmt::Display for FeatureGates {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "DRAAdminAccess={},DRAPrioritizedList={},DRAExtendedResource={},DRAWorkloadResourceClaims={}",
+            "DRAAdminAccess={},DRAPrioritizedList={},DRAExtendedResource={},DRAWorkloadResourceClaims={},GenericWorkload={}",
             self.admin_access,
             self.prioritized_list,
             self.extended_resource,
-            self.workload_resource_claims
+            self.workload_resource_claims,
+            self.generic_workload
         )
     }
 }
@@ -177,6 +241,8 @@ mod tests {
             prioritized_list: true,
             extended_resource: false,
             workload_resource_claims: true,
+            generic_workload: true,
+            release: Release::V1_36,
         };
         assert_eq!(gates.to_string().parse::<FeatureGates>(), Ok(gates));
     }
@@ -216,6 +282,17 @@ mod tests {
                 .all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric()))
         );
         assert!(names.is_sorted(), "kept sorted, one name per line");
+    }
+
+    #[test]
+    fn releases() {
+        assert_eq!(Release::for_minor(35), Release::V1_36);
+        assert_eq!(Release::for_minor(36), Release::V1_36);
+        assert_eq!(Release::for_minor(37), Release::V1_37);
+        assert_eq!(Release::for_minor(40), Release::V1_37);
+        assert_eq!("1.37".parse::<Release>(), Ok(Release::V1_37));
+        assert!("1.38".parse::<Release>().is_err());
+        assert_eq!(Release::V1_36.to_string(), "1.36");
     }
 
     #[test]

@@ -53,20 +53,22 @@ pub fn pod_template_index(pod: &PodView) -> Vec<String> {
     template_keys(pod.namespace(), &pod.spec.resource_claims)
 }
 
-/// The claim's controlling pod's UID, or `podgroup:<uid>` for a
-/// controlling PodGroup: adoption only ever finds claims of the right kind.
+/// The claim's controlling pod's UID, or `<namespace>/<uid>` for a
+/// controlling PodGroup (kube-controller-manager's `claimPodGroupOwner`
+/// key; a UID holds no `/`, so the two never meet): adoption only ever
+/// finds claims of the right kind.
 pub fn claim_owner_index(claim: &ClaimView) -> Vec<String> {
     if let Some((_, uid)) = controlling_pod(claim.owner_references()) {
         return vec![uid.to_string()];
     }
     controller_of(claim.owner_references())
         .filter(|o| o.kind == "PodGroup" && o.api_version.starts_with("scheduling.k8s.io/"))
-        .map(|o| vec![group_owner_key(&o.uid)])
+        .map(|o| vec![group_owner_key(claim.namespace(), &o.uid)])
         .unwrap_or_default()
 }
 
-pub fn group_owner_key(uid: &str) -> String {
-    format!("podgroup:{uid}")
+pub fn group_owner_key(namespace: &str, uid: &str) -> String {
+    format!("{namespace}/{uid}")
 }
 
 /// Files a pod that waits to be scheduled under [`WAITING`].

@@ -800,8 +800,10 @@ pub struct PodGroupApi {
 impl PodGroupApi {
     pub const GROUP: &'static str = "scheduling.k8s.io";
     pub const PLURAL: &'static str = "podgroups";
-    /// Newest first: the one a start-up picks when several are served.
-    pub const VERSIONS: [&'static str; 2] = ["v1alpha3", "v1alpha2"];
+    /// Newest first: the one a start-up picks when several are served
+    /// (1.36 serves v1alpha2; 1.37 v1beta1 and v1alpha3; the fields read
+    /// are the same in all three).
+    pub const VERSIONS: [&'static str; 3] = ["v1beta1", "v1alpha3", "v1alpha2"];
 
     pub fn api_version(&self) -> String {
         format!("{}/{}", Self::GROUP, self.version)

@@ -2,9 +2,10 @@
 
 use std::fmt;
 
-/// A failed sync. The worker retries every kind, but not in the same way:
-/// a conflict is routine, an unreachable API server says nothing about the
-/// item, and only the other kinds count as the item failing.
+/// A failed sync. The worker retries every kind but one, and not in the
+/// same way: a conflict is routine, an unreachable API server says nothing
+/// about the item, a non-retryable error is given up, and only the other
+/// kinds count as the item failing.
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
     /// A guarded write found the object changed since it was read (409, or
@@ -44,6 +45,13 @@ pub enum SyncError {
     /// a gated field, an unknown API): the message says what to change.
     #[error("{0}")]
     Invalid(String),
+    /// Retrying cannot help until the controller itself changes (a feature
+    /// gate must be turned on and the process restarted): the key is
+    /// forgotten, as kube-controller-manager 1.37 forgets its
+    /// non-retryable work items; the next event of the object brings it
+    /// back.
+    #[error("{0}")]
+    NonRetryable(String),
 }
 
 /// What a [`kube::Error`] says about where a request got to.

@@ -10,6 +10,8 @@
 //!   backoff step and no retry counted; the key waits for the API server
 //!   (the outage gate of [`super::reachability`] holds the workers);
 //! - a conflict: routine, retried with backoff on fresh state, quietly;
+//! - non-retryable (only a change of the controller's own settings helps):
+//!   forgotten, logged "will not retry";
 //! - anything else: retried with growing backoff, loudly;
 //! - while the queue shuts down, a key that got no answer is dropped.
 
@@ -31,6 +33,7 @@ pub enum Retry {
     WhenReachable,
     FreshState,
     Backoff,
+    GiveUp,
     Drop,
 }
 
@@ -43,6 +46,7 @@ pub fn retry_for(result: &Result<Option<Duration>, SyncError>, shutting_down: bo
         Err(SyncError::Unreachable { .. }) if shutting_down => Retry::Drop,
         Err(SyncError::Unreachable { .. }) => Retry::WhenReachable,
         Err(SyncError::Conflict { .. }) => Retry::FreshState,
+        Err(SyncError::NonRetryable(_)) => Retry::GiveUp,
         Err(_) => Retry::Backoff,
     }
 }
@@ -87,6 +91,10 @@ where
             warn!(error, "sync failed; retrying with backoff");
             queue.add_rate_limited(key.clone());
         }
+        Retry::GiveUp => {
+            warn!(error, "sync failed; will not retry");
+            queue.forget(key);
+        }
     }
     retry
 }
@@ -130,6 +138,12 @@ mod tests {
                 false,
                 Retry::Backoff,
             ),
+            // 1.37's nonretryable-error and wrapped-nonretryable-error.
+            (
+                Err(SyncError::NonRetryable("gate off".into())),
+                false,
+                Retry::GiveUp,
+            ),
             // Shutting down drops only what got no answer.
             (
                 Err(SyncError::kube("x", kube_err(409))),
@@ -171,5 +185,18 @@ mod tests {
         );
         assert_eq!(queue.num_requeues(&key), 0);
         assert_eq!(queue.len(), 1);
+        let got = queue.get().await.unwrap();
+        queue.done(&got);
+        // Non-retryable: forgotten, not queued again.
+        assert_eq!(
+            requeue(
+                &queue,
+                &reachability,
+                &key,
+                Err(SyncError::NonRetryable("GenericWorkload is off".into()))
+            ),
+            Retry::GiveUp
+        );
+        assert_eq!((queue.len(), queue.num_requeues(&key)), (0, 0));
     }
 }

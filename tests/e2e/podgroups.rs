@@ -350,9 +350,85 @@ async fn gate_without_podgroup_api_is_a_clear_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("serves neither scheduling.k8s.io/v1alpha3 nor v1alpha2")
+        stderr.contains("serves none of scheduling.k8s.io/v1beta1, v1alpha3, v1alpha2")
             && stderr.contains("--runtime-config=scheduling.k8s.io/v1alpha2=true"),
         "{stderr}"
     );
     t.finish();
+}
+
+/// Acting as kube-controller-manager 1.37 with DRAWorkloadResourceClaims
+/// off (GenericWorkload on): a member pod whose entry matches its group's
+/// claim gets no claim of its own, and the work item is given up ("will
+/// not retry") instead of retried; pinned to 1.36, the same pod gets its own
+/// claim, as 1.36 does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinned_release_decides_for_members_with_the_claims_gate_off() {
+    const NAME: &str = "pinned_release_decides_for_members_with_the_claims_gate_off";
+    for release in ["1.37", "1.36"] {
+        let gates =
+            format!("{ALL_CONTROLLER_GATES},GenericWorkload=true,DRAWorkloadResourceClaims=false");
+        let opts = ControllerOpts {
+            feature_gates: gates.clone(),
+            extra_args: vec![format!("--reference-release={release}")],
+            ..ControllerOpts::default()
+        };
+        let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &apiserver()).await else {
+            return;
+        };
+        let escaped = gates.replace(',', "\\,");
+        let applied =
+            crate::rbac::reapply_controller_rbac(&t.client, &[("featureGates", escaped.as_str())])
+                .await
+                .expect("apply the chart's RBAC with the gates");
+        if !applied {
+            println!(
+                "SKIP: {NAME}: Helm is not available to render the chart's RBAC with the gates"
+            );
+            return;
+        }
+        t.isolated_env()
+            .start_controller()
+            .await
+            .expect("start controller");
+        t.create_template("tmpl").await;
+        create_group(&t).await;
+        create_member(&t, "member-1").await;
+        if release == "1.36" {
+            wait_for("the member's own claim (1.36)", TIMEOUT, async || {
+                let recorded = recorded(&t.pod("member-1").await);
+                ensure!(
+                    recorded.get(ENTRY).cloned().flatten().is_some(),
+                    "{recorded:?}"
+                );
+                Ok(())
+            })
+            .await;
+        } else {
+            let log = t.replica(0).current().proc.log.clone();
+            let given_up = || {
+                std::fs::read_to_string(&log)
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.contains("will not retry") && l.contains("member-1"))
+                    .count()
+            };
+            wait_for("the member given up (1.37)", TIMEOUT, async || {
+                ensure!(given_up() >= 1, "not yet");
+                Ok(())
+            })
+            .await;
+            // No backoff retries follow, and nothing was made.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            assert_eq!(given_up(), 1, "given up once, not retried");
+            let claims = t.claims().list(&ListParams::default()).await.unwrap();
+            assert!(
+                claims.items.is_empty(),
+                "no claim made: {:?}",
+                claims.items.len()
+            );
+            assert!(recorded(&t.pod("member-1").await).is_empty());
+        }
+        t.finish();
+    }
 }

@@ -26,6 +26,7 @@ mod metrics;
 pub mod plan;
 #[cfg(test)]
 mod plan_tests;
+pub mod seed;
 pub mod sizing;
 pub mod status;
 pub mod usage;

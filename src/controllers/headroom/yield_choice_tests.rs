@@ -104,6 +104,8 @@ const GATES: Gates = Gates {
     prioritized_list: true,
     extended_resource: true,
     workload_resource_claims: false,
+    generic_workload: false,
+    release: crate::model::features::Release::V1_36,
 };
 
 fn choose(claims: &[&ResourceClaim], nodes: &[Node], selector: &[(&str, &str)]) -> Option<Yield> {

@@ -32,6 +32,9 @@ pub struct Caches {
     pub deleted_pod_groups: RecentSet<String>,
     /// The PodGroup API served, when DRAWorkloadResourceClaims is on.
     pod_group_api: Option<PodGroupApi>,
+    /// PodGroups get claims of their own (DRAWorkloadResourceClaims); when
+    /// off, PodGroups may still be read (1.37, GenericWorkload).
+    group_claims: bool,
     /// Claims this process created that the claim watch has not shown yet.
     created: Mutex<HashMap<String, (Arc<ClaimView>, Instant)>>,
     /// UIDs of pods seen deleted recently.
@@ -80,6 +83,7 @@ impl Caches {
             ])),
             deleted_pod_groups: RecentSet::new(500),
             pod_group_api: None,
+            group_claims: false,
             created: Mutex::new(HashMap::new()),
             deleted_pods: RecentSet::new(500),
             uncertain_creates: RecentSet::new(10_000),
@@ -112,17 +116,34 @@ impl Caches {
                 .is_some_and(|nodes| nodes.get(node).is_some())
     }
 
-    /// Caches for a controller that serves PodGroups at `api`.
+    /// Caches for a controller that serves PodGroup claims, PodGroups read
+    /// at `api`.
     pub fn with_pod_groups(api: PodGroupApi) -> Self {
+        Caches {
+            pod_group_api: Some(api),
+            group_claims: true,
+            ..Caches::new()
+        }
+    }
+
+    /// Caches for a controller that reads PodGroups at `api` (to know a
+    /// member pod's group) without serving their claims (1.37 with
+    /// GenericWorkload on and DRAWorkloadResourceClaims off).
+    pub fn reading_pod_groups(api: PodGroupApi) -> Self {
         Caches {
             pod_group_api: Some(api),
             ..Caches::new()
         }
     }
 
-    /// Whether PodGroup claims are served (DRAWorkloadResourceClaims).
+    /// Whether PodGroups are watched and cached.
     pub fn pod_groups_enabled(&self) -> bool {
         self.pod_group_api.is_some()
+    }
+
+    /// Whether PodGroup claims are served (DRAWorkloadResourceClaims).
+    pub fn group_claims_enabled(&self) -> bool {
+        self.group_claims
     }
 
     pub fn pod_group_api(&self) -> Option<&PodGroupApi> {
@@ -183,8 +204,8 @@ impl Caches {
 
     /// Claims a PodGroup with this UID controls (the cache's and those
     /// created a moment ago).
-    pub fn claims_owned_by_group(&self, uid: &str) -> Vec<Arc<ClaimView>> {
-        self.claims_owned_by(&group_owner_key(uid))
+    pub fn claims_owned_by_group(&self, namespace: &str, uid: &str) -> Vec<Arc<ClaimView>> {
+        self.claims_owned_by(&group_owner_key(namespace, uid))
     }
 
     /// Notes that a create for this pod entry may have committed although it

@@ -103,7 +103,7 @@ pub fn decide(
     let mut lookups = Vec::new();
     let mut group_lookups = Vec::new();
     for consumer in reserved.iter() {
-        if caches.pod_groups_enabled() && is_pod_group_consumer(consumer) {
+        if caches.group_claims_enabled() && is_pod_group_consumer(consumer) {
             // A PodGroup keeps its reservation until it is gone: deleted,
             // or replaced by another of the same name (a group has no
             // "done"; a terminating one may still have running members).

@@ -15,7 +15,7 @@ use super::pod::{self, EntryAction};
 use super::test_support::merge;
 use crate::model::consumers::DELETE_PROTECTION_FINALIZER;
 use crate::model::consumers::pod_consumer;
-use crate::model::features::FeatureGates;
+use crate::model::features::{FeatureGates, Release};
 use crate::model::views::{ClaimView, PodView, TemplateView};
 use crate::naming::POD_CLAIM_NAME_ANNOTATION;
 use crate::runtime::store::object_key;
@@ -430,20 +430,31 @@ fn pod_work_table() {
         },
     ];
     let mut failures = Vec::new();
-    for row in rows {
+    // Every row under both releases: none of these cases differs.
+    for (row, release) in rows
+        .iter()
+        .flat_map(|row| [(row, Release::V1_36), (row, Release::V1_37)])
+    {
         let c = caches(std::slice::from_ref(&row.pod), &row.claims, &row.templates);
-        let decision = pod::decide(&row.pod, &c, row.gates);
+        let gates = FeatureGates {
+            release,
+            ..row.gates
+        };
+        let decision = pod::decide(&row.pod, &c, gates);
         let got = summarize(&decision);
         let want = &row.want;
         let matches = got.len() == want.len() && got.iter().zip(want).all(|(g, w)| g.matches(w));
         if !matches {
-            failures.push(format!("case {:?}: got {got:?}, want {want:?}", row.case));
+            failures.push(format!(
+                "{release}, case {:?}: got {got:?}, want {want:?}",
+                row.case
+            ));
         }
         // What wakes a pod and what its sync does must agree, or work is
         // either lost or done for nothing.
         if pod_needs_work(&row.pod, &c).is_ok() == decision.is_noop() {
             failures.push(format!(
-                "case {:?}: enqueue predicate and decision disagree",
+                "{release}, case {:?}: enqueue predicate and decision disagree",
                 row.case
             ));
         }

@@ -110,7 +110,8 @@ impl Controller {
     ) -> anyhow::Result<Arc<Self>> {
         let with_groups = pod_group_api.is_some();
         let mut caches = match pod_group_api {
-            Some(api) => Caches::with_pod_groups(api),
+            Some(api) if gates.workload_resource_claims => Caches::with_pod_groups(api),
+            Some(api) => Caches::reading_pod_groups(api),
             None => Caches::new(),
         };
         if let Some(nodes) = allocator_nodes {

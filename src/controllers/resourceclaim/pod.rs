@@ -82,11 +82,15 @@ pub struct PodDecision {
     pub missing: Vec<(String, String)>,
     /// Why nothing is done, when nothing is.
     pub skipped: Option<&'static str>,
+    /// Why the pod is refused until the controller's own settings change
+    /// (1.37's non-retryable errors): nothing else is done for it.
+    pub refused: Option<String>,
 }
 
 impl PodDecision {
     pub fn is_noop(&self) -> bool {
-        self.entries.is_empty()
+        self.refused.is_none()
+            && self.entries.is_empty()
             && self.reservations.is_empty()
             && self.unallocated.is_empty()
             && self.missing.is_empty()
@@ -110,8 +114,20 @@ pub fn decide(pod: &PodView, caches: &Caches, gates: FeatureGates) -> PodDecisio
         .iter()
         .map(|s| (s.name.clone(), s.resource_claim_name.clone()))
         .collect();
+    if gates.release.is_1_37()
+        && !gates.generic_workload
+        && let Some(group) = pod.pod_group_name()
+    {
+        // 1.37: only turning the gate on (and restarting) resolves it.
+        decision.refused = Some(format!(
+            "GenericWorkload feature is disabled but Pod is in PodGroup {group}: turn the gate on \
+             (--feature-gates=GenericWorkload=true, as on kube-apiserver) and restart the controller"
+        ));
+        return decision;
+    }
     // With DRAWorkloadResourceClaims, a member of a PodGroup uses the
-    // group's claims for entries that match the group's exactly.
+    // group's claims for entries that match the group's exactly. (PodGroups
+    // are cached with that gate on; in 1.37 also with GenericWorkload on.)
     let group = match caches.pod_group_of(pod) {
         None => None,
         Some(Ok(group)) => Some(group),
@@ -121,11 +137,32 @@ pub fn decide(pod: &PodView, caches: &Caches, gates: FeatureGates) -> PodDecisio
             return decision;
         }
     };
+    // 1.37, DRAWorkloadResourceClaims off: entries matching a group claim
+    // get no claim of their own, and one recorded earlier is not reserved.
+    let mut not_reserved = Vec::new();
     for entry in &pod.spec.resource_claims {
         if let Some(group) = &group
             && entry.resource_claim_template_name.is_some()
             && group.matching_entry(entry).is_some()
         {
+            if !gates.workload_resource_claims {
+                let recorded = decision.recorded.get(&entry.name).cloned().flatten();
+                match recorded {
+                    Some(claim) => not_reserved.push(claim),
+                    None => {
+                        decision.refused = Some(format!(
+                            "DRAWorkloadResourceClaims feature is disabled but spec.resourceClaims[{}] \
+                             matches a claim of PodGroup {}: turn the gate on \
+                             (--feature-gates=DRAWorkloadResourceClaims=true) and restart the controller",
+                            entry.name,
+                            group.name()
+                        ));
+                        decision.entries.clear();
+                        return decision;
+                    }
+                }
+                continue;
+            }
             if let Some(adopt) = group_claim_to_record(pod, group, &entry.name, caches) {
                 decision.entries.push(adopt);
             }
@@ -156,7 +193,11 @@ pub fn decide(pod: &PodView, caches: &Caches, gates: FeatureGates) -> PodDecisio
         }
     }
     if pod.node_name().is_some() {
-        decide_reservations(pod, caches, group.as_deref(), &mut decision);
+        let group = group.as_deref().filter(|_| gates.workload_resource_claims);
+        decide_reservations(pod, caches, group, &mut decision);
+        decision
+            .reservations
+            .retain(|r| !not_reserved.iter().any(|c| c == r.claim.name()));
     }
     decision
 }
@@ -188,7 +229,10 @@ fn group_claim_to_record(
     {
         return None;
     }
-    adoptable(caches.claims_owned_by_group(group.uid()), entry)
+    adoptable(
+        caches.claims_owned_by_group(group.namespace(), group.uid()),
+        entry,
+    )
 }
 
 /// The claim to adopt for `entry` among those its owner controls: the
@@ -447,9 +491,18 @@ pub async fn perform_entries(
 pub async fn execute(
     ctx: &Context,
     pod: &PodView,
-    decision: PodDecision,
+    mut decision: PodDecision,
 ) -> Result<Synced, SyncError> {
+    if let Some(why) = decision.refused {
+        return Err(SyncError::NonRetryable(format!(
+            "pod {}: {why}",
+            pod.name()
+        )));
+    }
     let (ns, name) = (pod.namespace(), pod.name());
+    if ctx.gates.release.is_1_37() {
+        confirm_recorded_claims_gone(ctx, pod, &mut decision).await?;
+    }
     let outcome = perform_entries(
         ctx,
         ns,
@@ -509,6 +562,35 @@ pub async fn execute(
         warn_if_still_unallocated(ctx, pod, claim_name).await?;
     }
     Ok(Synced::Done)
+}
+
+/// 1.37: before a claim the pod's status records is replaced because the
+/// caches do not have it, the API server is asked. A claim the caches lost
+/// (or have not shown yet) but that exists and is the pod's is recorded
+/// again instead of duplicated; only a claim the server does not have (or
+/// that is not the pod's) is replaced.
+async fn confirm_recorded_claims_gone(
+    ctx: &Context,
+    pod: &PodView,
+    decision: &mut PodDecision,
+) -> Result<(), SyncError> {
+    let mut confirmed = Vec::with_capacity(decision.entries.len());
+    for action in std::mem::take(&mut decision.entries) {
+        let recorded = match &action {
+            EntryAction::Create { entry, .. } => decision.recorded.get(entry).cloned().flatten(),
+            _ => None,
+        };
+        if let Some(recorded) = recorded {
+            let fresh = read_claim(ctx, pod.namespace(), &recorded).await?;
+            if fresh.is_some_and(|c| is_controlled_by(c.owner_references(), pod.uid())) {
+                info!(claim = %recorded, "the recorded claim exists after all (the caches missed it): not replaced");
+                continue;
+            }
+        }
+        confirmed.push(action);
+    }
+    decision.entries = confirmed;
+    Ok(())
 }
 
 /// The claim as the API server has it now, for decisions the cache may be

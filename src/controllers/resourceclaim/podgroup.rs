@@ -80,9 +80,10 @@ pub fn decide(
         }
         // Adopt before creating: one claim per entry, whatever happened to
         // an earlier status write.
-        if let Some(adopt) =
-            super::pod::adoptable(caches.claims_owned_by_group(group.uid()), &entry.name)
-        {
+        if let Some(adopt) = super::pod::adoptable(
+            caches.claims_owned_by_group(group.namespace(), group.uid()),
+            &entry.name,
+        ) {
             decision.entries.push(adopt);
             continue;
         }
@@ -116,7 +117,8 @@ pub fn decide(
 
 /// Whether a PodGroup needs group work (cheap pre-check for events).
 pub fn needs_work(group: &PodGroupView, caches: &Caches) -> bool {
-    !group.is_deleting()
+    caches.group_claims_enabled()
+        && !group.is_deleting()
         && group
             .spec
             .resource_claims
@@ -183,8 +185,8 @@ pub fn members(
 }
 
 /// Which PodGroup API the API server serves, newest first. Asked once at
-/// start-up when DRAWorkloadResourceClaims is on.
-pub async fn discover_api(client: &kube::Client) -> anyhow::Result<PodGroupApi> {
+/// start-up when PodGroups are read (`why` names the gate that asks).
+pub async fn discover_api(client: &kube::Client, why: &str) -> anyhow::Result<PodGroupApi> {
     for version in PodGroupApi::VERSIONS {
         let group_version = format!("{}/{version}", PodGroupApi::GROUP);
         match client.list_api_group_resources(&group_version).await {
@@ -198,16 +200,16 @@ pub async fn discover_api(client: &kube::Client) -> anyhow::Result<PodGroupApi> 
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(e) => {
                 return Err(anyhow::anyhow!(
-                    "--feature-gates DRAWorkloadResourceClaims=true: asking the API server whether it \
-                     serves {group_version} failed: {e}"
+                    "{why}: asking the API server whether it serves {group_version} failed: {e}"
                 ));
             }
         }
     }
     anyhow::bail!(
-        "--feature-gates DRAWorkloadResourceClaims=true needs PodGroups, but the API server serves \
-         neither scheduling.k8s.io/v1alpha3 nor v1alpha2 podgroups: enable them on kube-apiserver \
-         (--runtime-config=scheduling.k8s.io/v1alpha2=true and --feature-gates=GenericWorkload=true,\
-         DRAWorkloadResourceClaims=true on Kubernetes 1.36), or turn the gate off here"
+        "{why} needs PodGroups, but the API server serves none of scheduling.k8s.io/{} \
+         podgroups: enable them on kube-apiserver (--runtime-config=scheduling.k8s.io/v1alpha2=true \
+         and --feature-gates=GenericWorkload=true,DRAWorkloadResourceClaims=true on Kubernetes \
+         1.36), or turn the gate off here",
+        PodGroupApi::VERSIONS.join(", ")
     )
 }

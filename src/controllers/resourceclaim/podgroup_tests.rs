@@ -13,7 +13,7 @@ use super::observe::first_sight;
 use super::pod::{self, EntryAction};
 use super::podgroup;
 use super::test_support::merge;
-use crate::model::features::FeatureGates;
+use crate::model::features::{FeatureGates, Release};
 use crate::model::views::{ClaimView, PodGroupApi, PodGroupView, PodView, TemplateView};
 use crate::naming::POD_CLAIM_NAME_ANNOTATION;
 use crate::runtime::store::object_key;
@@ -225,8 +225,24 @@ fn group_work_table() {
 /// Entry actions, reservation consumers, skip reason.
 type PodOutcome = (Vec<String>, Vec<Value>, Option<&'static str>);
 
-fn pod_actions(pod: &PodView, caches: &Caches) -> PodOutcome {
-    let d = pod::decide(pod, caches, FeatureGates::default());
+/// The gates of a cluster of `release` whose API server serves PodGroups
+/// exactly when the caches hold them (1.36: DRAWorkloadResourceClaims;
+/// 1.37: GenericWorkload and DRAWorkloadResourceClaims).
+fn gates_for(release: Release, caches: &Caches) -> FeatureGates {
+    FeatureGates {
+        release,
+        workload_resource_claims: caches.pod_groups_enabled(),
+        generic_workload: caches.pod_groups_enabled(),
+        ..FeatureGates::default()
+    }
+}
+
+fn pod_actions(pod: &PodView, caches: &Caches, gates: FeatureGates) -> PodOutcome {
+    let d = pod::decide(pod, caches, gates);
+    if let Some(why) = d.refused {
+        let head = why.split(':').next().unwrap_or_default().to_string();
+        return (vec![format!("refuse {head}")], vec![], None);
+    }
     (
         d.entries.iter().map(short).collect(),
         d.reservations
@@ -346,8 +362,145 @@ fn member_pod_table() {
             (vec![], vec![], None),
         ),
     ];
+    // Every row under both releases; where 1.37 decides otherwise, its
+    // outcome is here, named after its case.
+    let in_1_37: Vec<(&str, PodOutcome)> = vec![(
+        "create ResourceClaim for Pod with PodGroup claim when feature is disabled",
+        (
+            vec![format!(
+                "refuse GenericWorkload feature is disabled but Pod is in PodGroup {GROUP}"
+            )],
+            vec![],
+            None,
+        ),
+    )];
     for (case, pod, caches, want) in rows {
-        assert_eq!(pod_actions(&pod, &caches), want, "{case}");
+        let got = pod_actions(&pod, &caches, gates_for(Release::V1_36, &caches));
+        assert_eq!(got, want, "1.36: {case}");
+        let want = in_1_37
+            .iter()
+            .find(|(c, _)| *c == case)
+            .map_or(want, |(_, w)| w.clone());
+        let got = pod_actions(&pod, &caches, gates_for(Release::V1_37, &caches));
+        assert_eq!(got, want, "1.37: {case}");
+    }
+}
+
+/// 1.37's cases of pods in PodGroups with one of the two gates off
+/// (`controller_test.go` of kube-controller-manager 1.37).
+#[test]
+fn member_pod_table_1_37() {
+    let group = || group_with(recorded_in_group(GROUP_CLAIM));
+    let allocated = json!({"status": {"allocation": {}}});
+    let pod_claim = || -> ClaimView {
+        serde_json::from_value(
+            json!({"metadata": {"name": "pod-own-claim", "namespace": NS,
+            "uid": "uid-pod-own-claim", "annotations": {POD_CLAIM_NAME_ANNOTATION: ENTRY},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": POD, "uid": POD_UID,
+                                 "controller": true}]},
+            "status": {"allocation": {}}}),
+        )
+        .unwrap()
+    };
+    let on_node_with_own_claim = || {
+        pod_with(json!({"spec": {"nodeName": "n1"},
+            "status": {"resourceClaimStatuses": [{"name": ENTRY, "resourceClaimName": "pod-own-claim"}]}}))
+    };
+    let gates = |generic_workload: bool| FeatureGates {
+        release: Release::V1_37,
+        generic_workload,
+        workload_resource_claims: false,
+        ..FeatureGates::default()
+    };
+    let rows: Vec<(&str, PodView, Caches, FeatureGates, PodOutcome)> = vec![
+        (
+            "skip create ResourceClaim for Pod with PodGroup claim when GenericWorkload feature is disabled",
+            pod_with(json!({})),
+            caches(
+                false,
+                vec![],
+                vec![group_claim(GROUP_CLAIM, json!({}))],
+                true,
+            ),
+            gates(false),
+            (
+                vec![format!(
+                    "refuse GenericWorkload feature is disabled but Pod is in PodGroup {GROUP}"
+                )],
+                vec![],
+                None,
+            ),
+        ),
+        (
+            "skip-add-reserved-podgroup-genericworkload-disabled",
+            on_node_with_own_claim(),
+            caches(false, vec![], vec![pod_claim()], true),
+            gates(false),
+            (
+                vec![format!(
+                    "refuse GenericWorkload feature is disabled but Pod is in PodGroup {GROUP}"
+                )],
+                vec![],
+                None,
+            ),
+        ),
+        (
+            "skip create ResourceClaim for Pod with PodGroup claim when DRAWorkloadResourceClaims feature is disabled",
+            pod_with(json!({})),
+            caches(
+                true,
+                vec![group()],
+                vec![group_claim(GROUP_CLAIM, json!({}))],
+                true,
+            ),
+            gates(true),
+            (
+                vec![format!(
+                    "refuse DRAWorkloadResourceClaims feature is disabled but spec.resourceClaims[{ENTRY}] matches a claim of PodGroup {GROUP}"
+                )],
+                vec![],
+                None,
+            ),
+        ),
+        (
+            "create ResourceClaim for grouped Pod with claim when DRAWorkloadResourceClaims feature is disabled",
+            pod_with(json!({})),
+            caches(
+                true,
+                vec![group_with(json!({"spec": {"resourceClaims": [
+                    {"name": "other", "resourceClaimTemplateName": "other-template"}]}}))],
+                vec![],
+                true,
+            ),
+            gates(true),
+            (
+                vec![format!("create {POD}-{ENTRY}- owner v1/Pod {ENTRY}")],
+                vec![],
+                None,
+            ),
+        ),
+        (
+            "skip-add-reserved-podgroup-workloadresourceclaims-disabled",
+            on_node_with_own_claim(),
+            caches(
+                true,
+                vec![group()],
+                vec![pod_claim(), group_claim(GROUP_CLAIM, allocated)],
+                true,
+            ),
+            gates(true),
+            (vec![], vec![], None),
+        ),
+        (
+            "skip-create-for-pod-podgroup-does-not-exist (ours waits for the PodGroup's event instead of erroring)",
+            pod_with(json!({})),
+            caches(true, vec![], vec![], true),
+            gates(true),
+            (vec![], vec![], Some("its PodGroup is not known yet")),
+        ),
+    ];
+    for (case, pod, caches, gates, want) in rows {
+        assert_eq!(pod_actions(&pod, &caches, gates), want, "{case}");
     }
 }
 
@@ -427,7 +580,10 @@ fn review_cases() {
         vec![group_claim(GROUP_CLAIM, json!({}))],
         true,
     );
-    assert_eq!(pod_actions(&settled, &c), (vec![], vec![], None));
+    assert_eq!(
+        pod_actions(&settled, &c, gates_for(Release::V1_36, &c)),
+        (vec![], vec![], None)
+    );
     // A claim controlled by a PodGroup is never adopted by a pod, even one
     // whose UID the reference carries (gate off: the pod's own index only).
     let forged: ClaimView =
@@ -446,7 +602,7 @@ fn review_cases() {
     );
     let c = caches(false, vec![], vec![forged], true);
     assert_eq!(
-        pod_actions(&plain, &c).0,
+        pod_actions(&plain, &c, gates_for(Release::V1_36, &c)).0,
         vec![format!("create {POD}-{ENTRY}- owner v1/Pod {ENTRY}")]
     );
 }

@@ -22,7 +22,7 @@ impl Controller {
             self.resync_every(min_period, "pods", Self::resync_pods),
             self.resync_every(min_period, "resourceclaims", Self::resync_claims),
             async {
-                if self.ctx.caches.pod_groups_enabled() {
+                if self.ctx.caches.group_claims_enabled() {
                     self.resync_every(min_period, "podgroups", Self::resync_pod_groups)
                         .await
                 }

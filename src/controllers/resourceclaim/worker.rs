@@ -97,6 +97,10 @@ impl Controller {
                     debug!("PodGroup is gone; nothing to do");
                     return Ok(Synced::Done);
                 };
+                if !ctx.caches.group_claims_enabled() {
+                    debug!("PodGroup claims are off (DRAWorkloadResourceClaims); nothing to do");
+                    return Ok(Synced::Done);
+                }
                 let decision = podgroup::decide(&group, &ctx.caches, ctx.gates, api);
                 if let Some(reason) = decision.skipped {
                     debug!(reason, "nothing to do");
