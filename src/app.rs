@@ -289,6 +289,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             &registry,
             HeadroomSettings {
                 yield_enabled: args.headroom_yield,
+                seed_watermarks: args.headroom_seed_watermarks,
                 gates,
             },
             HeadroomStores {

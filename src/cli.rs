@@ -107,6 +107,10 @@ pub struct Args {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub headroom_yield: bool,
 
+    /// With the headroom controller: also serve the seed operator's NodeScalingWatermarks (redhatcop.redhat.io/v1alpha1, proactive-node-scaling-operator) with its semantics. Needs its CRD (the chart's headroom.seedOperator.enabled).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub headroom_seed_watermarks: bool,
+
     /// Address for /metrics (":8080" = all interfaces, "0" = off).
     #[arg(long, default_value_t = BindAddress::all_interfaces(8080))]
     pub metrics_bind_address: BindAddress,

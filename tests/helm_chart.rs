@@ -2043,3 +2043,42 @@ fn artifact_hub_annotations_follow_the_chart() {
         assert!(crds.contains(name), "artifacthub.io/crds lacks {name}");
     }
 }
+
+#[test]
+fn the_seed_operators_crd_rbac_and_flag_come_only_when_asked_for() {
+    let off = render_or_skip!(&[("headroom.enabled", "true")]);
+    assert!(all_of_kind(&off, "CustomResourceDefinition").is_empty());
+    assert!(!args(&off).iter().any(|a| a.contains("seed")));
+    let on = render_or_skip!(&[
+        ("headroom.enabled", "true"),
+        ("headroom.seedOperator.enabled", "true")
+    ]);
+    let crd = one_of_kind(&on, "CustomResourceDefinition");
+    assert_eq!(
+        str_of(&crd["metadata"]["name"]),
+        "nodescalingwatermarks.redhatcop.redhat.io"
+    );
+    assert_eq!(
+        str_of(&crd["metadata"]["annotations"]["helm.sh/resource-policy"]),
+        "keep",
+        "uninstalling must not delete the admins' watermarks"
+    );
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert_eq!(
+        str_of(&spec["properties"]["priorityClassName"]["default"]),
+        "proactive-node-autoscaling-pods"
+    );
+    assert!(
+        spec["properties"]["pausePodSize"]["additionalProperties"].is_mapping(),
+        "every resource name is accepted"
+    );
+    assert!(args(&on).contains(&"--headroom-seed-watermarks=true".to_string()));
+    let rules = bound_cluster_rules(&on);
+    assert!(
+        rules
+            .keys()
+            .any(|(group, resource)| group == "redhatcop.redhat.io"
+                && resource == "nodescalingwatermarks/status"),
+        "{rules:?}"
+    );
+}

@@ -13,6 +13,7 @@ use tracing::{Instrument, debug, info, info_span};
 
 use super::metrics::Metrics;
 use super::plan::{Plan, Snapshot};
+use super::seed::SeedWatermarkView;
 use super::status::Observed;
 use super::watermark::WatermarkView;
 use crate::model::DeviceId;
@@ -37,6 +38,9 @@ pub const FIELD_MANAGER: &str = "dra-claim-controller-headroom";
 pub struct Settings {
     /// `--headroom-yield`.
     pub yield_enabled: bool,
+    /// `--headroom-seed-watermarks`: also serve the seed operator's
+    /// watermarks.
+    pub seed_watermarks: bool,
     /// The allocation features the yield's allocator may use.
     pub gates: Gates,
 }
@@ -58,6 +62,14 @@ pub(super) struct Written {
     pub(super) observed: Option<Observed>,
 }
 
+/// What the last sync of a seed watermark wrote.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(super) struct SeedWritten {
+    pub(super) deployment: Option<Value>,
+    /// The outcome the status says, and for which generation.
+    pub(super) status: Option<(Result<(), String>, Option<i64>)>,
+}
+
 /// The headroom controller.
 pub struct Controller {
     pub(super) client: kube::Client,
@@ -77,6 +89,10 @@ pub struct Controller {
     pub(super) written: Mutex<HashMap<String, Written>>,
     /// The one watch headroom runs itself: only it reads watermarks.
     pub(super) watermark_watch: Informer,
+    /// The seed operator's watermarks, when served (their own watch).
+    pub(super) seed_watermarks: Store<SeedWatermarkView>,
+    pub(super) seed_watch: Option<Informer>,
+    pub(super) seed_written: Mutex<HashMap<String, SeedWritten>>,
     pub(super) metrics: Metrics,
     /// `--headroom-yield`.
     pub(super) yield_enabled: bool,
@@ -124,6 +140,8 @@ pub(super) const PLACEHOLDER_PRIORITY: i32 = -1;
 /// Queue keys of pods waiting for devices carry this prefix; watermark
 /// keys are plain `namespace/name`.
 pub(super) const POD_KEY_PREFIX: &str = "pod:";
+/// Queue keys of the seed operator's watermarks carry this prefix.
+pub(super) const SEED_KEY_PREFIX: &str = "seed:";
 /// The source of the yield's events.
 pub const EVENT_COMPONENT: &str = "dra-claim-controller-headroom";
 
@@ -156,6 +174,11 @@ impl Controller {
             synced: stores.synced,
             written: Mutex::default(),
             watermark_watch: Informer::new("nodescalingwatermarks"),
+            seed_watermarks: Store::new(Vec::new()),
+            seed_written: Mutex::default(),
+            seed_watch: settings
+                .seed_watermarks
+                .then(|| Informer::new("nodescalingwatermarks.redhatcop.redhat.io")),
             metrics: Metrics::register(registry)?,
         }))
     }
@@ -192,6 +215,12 @@ impl Controller {
     pub(super) fn enqueue_all(&self) {
         for wm in self.watermarks.list() {
             self.enqueue(object_key(wm.namespace(), wm.name()));
+        }
+        for wm in self.seed_watermarks.list() {
+            self.enqueue(format!(
+                "{SEED_KEY_PREFIX}{}",
+                object_key(wm.namespace(), wm.name())
+            ));
         }
     }
 
@@ -254,6 +283,9 @@ impl Controller {
         self.prune_yields();
         if let Some(pod) = key.strip_prefix(POD_KEY_PREFIX) {
             return self.yield_for(pod).await;
+        }
+        if let Some(seed) = key.strip_prefix(SEED_KEY_PREFIX) {
+            return self.sync_seed(seed).await;
         }
         let Some(wm) = self.watermarks.get(key) else {
             debug!("watermark is gone; its objects go with it (owner references)");

@@ -21,7 +21,7 @@ use super::watermark::{WatermarkView, carry_transitions};
 use crate::naming::WATERMARK_LABEL;
 use crate::runtime::error::{SyncError, kube_err};
 
-fn deployments() -> ApiResource {
+pub(super) fn deployments() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("apps", "v1", "Deployment"),
         "deployments",

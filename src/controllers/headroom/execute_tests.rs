@@ -30,6 +30,7 @@ fn controller() -> (Arc<Controller>, Handle) {
         &prometheus::Registry::new(),
         Settings {
             yield_enabled: true,
+            seed_watermarks: true,
             gates: FeatureGates::default(),
         },
         Stores {
@@ -181,4 +182,60 @@ async fn gates_are_lifted_by_a_guarded_json_patch() {
         ])
     );
     lift.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_seed_watermark_gets_the_seeds_deployment_and_conditions() {
+    let (controller, mut handle) = controller();
+    let wm: super::seed::SeedWatermarkView = serde_json::from_value(json!({
+        "metadata": {"name": "us-west-2a", "namespace": "headroom", "uid": "seed-uid", "generation": 2},
+        "spec": {"watermarkPercentage": 20, "nodeSelector": {"pool": "gpu"}},
+    }))
+    .unwrap();
+    controller
+        .seed_watermarks
+        .apply("headroom/us-west-2a".into(), Arc::new(wm));
+    add_pod(
+        &controller,
+        json!({"metadata": {"name": "job", "namespace": "team", "uid": "u-job"},
+               "spec": {"nodeName": "gpu-1", "containers": [{"resources": {"requests": {"cpu": "3"}}}]},
+               "status": {"phase": "Running"}}),
+    );
+    let sync = tokio::spawn({
+        let controller = controller.clone();
+        async move { controller.sync("seed:headroom/us-west-2a").await }
+    });
+    let (method, uri, body) = expect(&mut handle, 200, json!({})).await;
+    assert_eq!(method, Method::PATCH);
+    assert_eq!(
+        uri,
+        "/apis/apps/v1/namespaces/headroom/deployments/us-west-2a?&force=true&fieldManager=dra-claim-controller-headroom"
+    );
+    assert_eq!(
+        body["spec"]["replicas"], 2,
+        "3 CPU × 20 % / 200m, truncated as the seed does"
+    );
+    assert_eq!(
+        body["spec"]["template"]["metadata"]["labels"]["watermark"],
+        "us-west-2a"
+    );
+    let answer = json!({"metadata": {"name": "us-west-2a", "namespace": "headroom"}, "spec": {}});
+    let (method, uri, body) = expect(&mut handle, 200, answer).await;
+    assert_eq!(method, Method::PATCH);
+    assert_eq!(
+        uri,
+        "/apis/redhatcop.redhat.io/v1alpha1/namespaces/headroom/nodescalingwatermarks/us-west-2a/status?"
+    );
+    let condition = &body["status"]["conditions"][0];
+    assert_eq!(condition["type"], "ReconcileSuccess");
+    assert_eq!(condition["reason"], "LastReconcileCycleSucceded");
+    assert_eq!(condition["observedGeneration"], 2);
+    sync.await.unwrap().unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        controller.sync("seed:headroom/us-west-2a"),
+    )
+    .await
+    .expect("an unchanged sync sends no request")
+    .unwrap();
 }

@@ -27,6 +27,7 @@ pub mod plan;
 #[cfg(test)]
 mod plan_tests;
 pub mod seed;
+mod seed_sync;
 pub mod sizing;
 pub mod status;
 pub mod usage;

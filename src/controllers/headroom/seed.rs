@@ -38,6 +38,9 @@ pub const FROZEN_DEFAULT_IMAGE: &str = "k8s.gcr.io/pause";
 /// watermark's name).
 pub const SEED_WATERMARK_NAME_LABEL: &str = "watermark";
 
+/// Resources a pod may request without a limit.
+const OVERCOMMITTABLE: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
+
 /// The seed's condition types and reasons (its spelling, kept).
 pub const RECONCILE_SUCCESS: &str = "ReconcileSuccess";
 pub const RECONCILE_ERROR: &str = "ReconcileError";
@@ -211,6 +214,18 @@ pub fn placeholders(used: &ResourceList, percentage: u32, size: &BTreeMap<String
 /// `pause` container requesting `pausePodSize`.
 pub fn deployment(wm: &SeedWatermarkView, size: &BTreeMap<String, String>, replicas: u32) -> Value {
     let name = wm.name();
+    let mut resources = json!({"requests": size});
+    // Extended resources (device-plugin GPUs) and hugepages cannot be
+    // overcommitted: the API server requires their limit, equal to the
+    // request. (The seed's template sets requests only, so the API server
+    // refuses its Deployment for such a size.)
+    let limits: BTreeMap<&String, &String> = size
+        .iter()
+        .filter(|(k, _)| !OVERCOMMITTABLE.contains(&k.as_str()))
+        .collect();
+    if !limits.is_empty() {
+        resources["limits"] = json!(limits);
+    }
     let mut pod = json!({
         "enableServiceLinks": false,
         "automountServiceAccountToken": false,
@@ -218,7 +233,7 @@ pub fn deployment(wm: &SeedWatermarkView, size: &BTreeMap<String, String>, repli
         "containers": [{
             "name": "pause",
             "image": wm.spec.image(),
-            "resources": {"requests": size},
+            "resources": resources,
         }],
     });
     let selector = wm.spec.node_selector();
@@ -526,6 +541,23 @@ mod tests {
             json!({"cpu": "200m", "memory": "200Mi"})
         );
         assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
+        assert!(
+            pod["spec"]["containers"][0]["resources"]
+                .get("limits")
+                .is_none()
+        );
+        let gpus: SeedWatermarkView = serde_json::from_value(json!({
+            "metadata": {"name": "gpus", "namespace": "headroom", "uid": "u2"},
+            "spec": {"watermarkPercentage": 50, "pausePodSize": {"nvidia.com/gpu": 1, "cpu": "100m"}},
+        }))
+        .unwrap();
+        let size = gpus.spec.pause_pod_size().unwrap();
+        let d = deployment(&gpus, &size, 1);
+        assert_eq!(
+            d["spec"]["template"]["spec"]["containers"][0]["resources"],
+            json!({"requests": {"cpu": "100m", "nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}),
+            "extended resources need their limit"
+        );
         assert_eq!(
             d["metadata"]["ownerReferences"][0]["apiVersion"],
             "redhatcop.redhat.io/v1alpha1"

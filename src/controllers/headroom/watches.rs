@@ -9,7 +9,8 @@ use kube::Api;
 use kube::api::ListParams;
 use tracing::error;
 
-use super::controller::{Controller, PLACEHOLDER_PRIORITY, POD_KEY_PREFIX};
+use super::controller::{Controller, PLACEHOLDER_PRIORITY, POD_KEY_PREFIX, SEED_KEY_PREFIX};
+use super::seed::SeedWatermarkView;
 use super::watermark::{WatermarkView, selects};
 use crate::model::views::{ClaimView, NodeView, PodView};
 use crate::runtime::informer::{Handler, Observer};
@@ -30,9 +31,22 @@ impl Controller {
     pub async fn run_watch(self: Arc<Self>) {
         self.check_crd().await;
         let events = WatermarkEvents(&self);
-        self.watermark_watch
-            .run(Api::<WatermarkView>::all(self.client.clone()), &events)
-            .await;
+        let seed_events = SeedEvents(&self);
+        let seeds = async {
+            if let Some(watch) = &self.seed_watch {
+                watch
+                    .run(
+                        Api::<SeedWatermarkView>::all(self.client.clone()),
+                        &seed_events,
+                    )
+                    .await
+            }
+        };
+        tokio::join!(
+            self.watermark_watch
+                .run(Api::<WatermarkView>::all(self.client.clone()), &events),
+            seeds,
+        );
     }
 
     /// Says once, plainly, when the CRD is not installed: the watch alone
@@ -48,11 +62,27 @@ impl Controller {
                  install does), or drop headroom from --controllers; waiting for it"
             );
         }
+        if self.seed_watch.is_some()
+            && let Err(kube::Error::Api(status)) =
+                Api::<SeedWatermarkView>::all(self.client.clone())
+                    .list(&ListParams::default().limit(1))
+                    .await
+            && status.code == 404
+        {
+            error!(
+                "--headroom-seed-watermarks: the seed operator's CRD \
+                 (nodescalingwatermarks.redhatcop.redhat.io) is not installed: install the chart \
+                 with headroom.seedOperator.enabled=true, or drop the flag; waiting for it"
+            );
+        }
     }
 
     /// Resolves once the watermarks and the process's watches are loaded.
     pub async fn wait_synced(&self) {
         self.watermark_watch.wait_synced().await;
+        if let Some(watch) = &self.seed_watch {
+            watch.wait_synced().await;
+        }
         self.synced.wait().await;
     }
 
@@ -84,6 +114,24 @@ impl Controller {
         for key in self.touched_by(pod, old) {
             self.enqueue(key);
         }
+        // The seed's watermarks: those whose nodes the pod is or was on.
+        let nodes: Vec<Arc<NodeView>> = [Some(pod), old]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| self.devices.nodes.get(p.node_name()?))
+            .collect();
+        if nodes.is_empty() {
+            return;
+        }
+        for wm in self.seed_watermarks.list() {
+            let selector = wm.spec.node_selector();
+            if nodes.iter().any(|n| selects(&selector, n.labels())) {
+                self.enqueue(format!(
+                    "{SEED_KEY_PREFIX}{}",
+                    object_key(wm.namespace(), wm.name())
+                ));
+            }
+        }
     }
 }
 
@@ -110,6 +158,33 @@ impl Handler<WatermarkView> for WatermarkEvents<'_> {
             .watermarks
             .delete(&object_key(wm.namespace(), wm.name()));
         self.0.forget_watermark(wm.namespace(), wm.name());
+    }
+}
+
+struct SeedEvents<'a>(&'a Controller);
+
+/// The seed operator's watermarks: kept, and queued on each change.
+impl Handler<SeedWatermarkView> for SeedEvents<'_> {
+    fn relisted(&self, watermarks: Vec<SeedWatermarkView>) {
+        let entries = watermarks
+            .into_iter()
+            .map(|w| (object_key(w.namespace(), w.name()), Arc::new(w)))
+            .collect();
+        for gone in self.0.seed_watermarks.replace(entries) {
+            self.0.forget_seed(gone.namespace(), gone.name());
+        }
+        self.0.enqueue_all();
+    }
+    fn applied(&self, wm: SeedWatermarkView) {
+        let key = object_key(wm.namespace(), wm.name());
+        self.0.seed_watermarks.apply(key.clone(), Arc::new(wm));
+        self.0.enqueue(format!("{SEED_KEY_PREFIX}{key}"));
+    }
+    fn deleted(&self, wm: SeedWatermarkView) {
+        self.0
+            .seed_watermarks
+            .delete(&object_key(wm.namespace(), wm.name()));
+        self.0.forget_seed(wm.namespace(), wm.name());
     }
 }
 
