@@ -13,7 +13,7 @@ use super::desired::{
     CPU_MEMORY_ENTRY, Owner, cpu_memory_deployment, device_claim_template, device_deployment,
 };
 use super::devices::{Consumer, DeviceCount, count_devices, device_consumers, entry_devices};
-use super::sizing::{Bounds, cpu_memory_placeholders, placeholders};
+use super::sizing::{Bounds, placeholders, resource_placeholders};
 use super::status::{EntryObserved, Observed};
 use super::usage::{is_workload, workload_requests};
 use super::watermark::{WatermarkView, selects};
@@ -91,14 +91,14 @@ impl Snapshot {
         match &settled.cpu_memory {
             Ok(entry) => {
                 cpu.desired =
-                    cpu_memory_placeholders(usage, entry.percentage, entry.pause, entry.bounds);
+                    resource_placeholders(&usage, entry.percentage, &entry.pause, entry.bounds);
                 objects.push(cpu_memory_deployment(
                     owner,
                     &settled.placement,
                     entry,
                     cpu.desired,
                 ));
-                debug!(cpu_in_use = %usage.cpu, memory_in_use = %usage.memory, desired = cpu.desired, "CPU/memory placeholders sized");
+                debug!(in_use = ?usage, desired = cpu.desired, "resource placeholders sized");
             }
             Err(why) => cpu.invalid = Some(why.clone()),
         }

@@ -190,3 +190,27 @@ fn an_unparsable_pause_size_is_invalid_and_writes_nothing_for_it() {
     );
     assert!(invalid.objects.is_empty());
 }
+
+#[test]
+fn any_resource_the_pause_pod_names_sizes_it() {
+    let gpu_pod = |name: &str, gpus: &str| {
+        json!({
+            "metadata": {"name": name, "namespace": "team", "uid": format!("uid-{name}")},
+            "spec": {"nodeName": "gpu-1", "containers": [{"resources": {
+                "requests": {"nvidia.com/gpu": gpus}, "limits": {"nvidia.com/gpu": gpus}}}]},
+            "status": {"phase": "Running"},
+        })
+    };
+    let spec = json!({"watermarkPercentage": 50, "nodeSelector": {"pool": "gpu"},
+                      "pausePodSize": {"nvidia.com/gpu": 1}});
+    let p = plan(spec, vec![gpu_pod("a", "3"), gpu_pod("b", "4")]);
+    assert_eq!(cpu_entry(&p), (4, 0, 0), "50 % of 7 GPUs, rounded up");
+    let resources = &p.objects[0]["spec"]["template"]["spec"]["containers"][0]["resources"];
+    assert_eq!(resources["requests"]["nvidia.com/gpu"], "1");
+    assert_eq!(
+        resources["limits"]["nvidia.com/gpu"], "1",
+        "extended resources need a limit"
+    );
+    // cpu and memory keep their defaults when not given.
+    assert_eq!(resources["requests"]["cpu"], "200m");
+}

@@ -3,6 +3,7 @@
 //! size, rounded up (so any use gives headroom), then bounded.
 
 use crate::allocate::quantity::Quantity;
+use crate::model::requests::ResourceList;
 
 /// `minPlaceholders` / `maxPlaceholders` of an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -47,33 +48,23 @@ fn raw_placeholders(in_use: Quantity, percentage: u32, per_placeholder: Quantity
     u64::try_from(n).unwrap_or(u64::MAX)
 }
 
-/// CPU and memory, as a pod requests them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Resources {
-    pub cpu: Quantity,
-    pub memory: Quantity,
-}
-
-impl Default for Resources {
-    fn default() -> Self {
-        Resources {
-            cpu: Quantity::from_units(0),
-            memory: Quantity::from_units(0),
-        }
-    }
-}
-
-/// CPU/memory placeholders: the largest count over the resources of
-/// `pause` (a resource the pause pod does not request does not size it).
-pub fn cpu_memory_placeholders(
-    in_use: Resources,
+/// Resource placeholders (CPU, memory, and any other resource the pause
+/// pod names: device-plugin GPUs, hugepages, ephemeral storage): the
+/// largest count over the resources of `pause` (a resource the pause pod
+/// does not request does not size it).
+pub fn resource_placeholders(
+    in_use: &ResourceList,
     percentage: u32,
-    pause: Resources,
+    pause: &ResourceList,
     bounds: Bounds,
 ) -> u32 {
-    let cpu = raw_placeholders(in_use.cpu, percentage, pause.cpu);
-    let memory = raw_placeholders(in_use.memory, percentage, pause.memory);
-    bounds.clamp(cpu.max(memory))
+    let zero = Quantity::from_units(0);
+    let most = pause
+        .iter()
+        .map(|(name, per)| raw_placeholders(*in_use.get(name).unwrap_or(&zero), percentage, *per))
+        .max()
+        .unwrap_or(0);
+    bounds.clamp(most)
 }
 
 #[cfg(test)]
@@ -147,42 +138,59 @@ mod tests {
         }
     }
 
+    fn list(pairs: &[(&str, &str)]) -> ResourceList {
+        crate::model::requests::parse_list(
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+    }
+
     #[test]
-    fn cpu_memory_placeholders_take_the_larger_resource() {
-        let pause = Resources {
-            cpu: q("200m"),
-            memory: q("200Mi"),
-        };
+    fn resource_placeholders_take_the_largest_resource() {
+        let pause = list(&[("cpu", "200m"), ("memory", "200Mi")]);
         let rows = [
-            // (name, cpu in use, memory in use, %, want)
-            ("cpu decides", "4", "200Mi", 10, 2),
-            ("memory decides", "100m", "4Gi", 10, 3),
-            ("seed rounds down, we round up", "1", "0", 10, 1),
-            ("idle", "0", "0", 50, 0),
+            // (name, in use, %, want)
+            (
+                "cpu decides",
+                list(&[("cpu", "4"), ("memory", "200Mi")]),
+                10,
+                2,
+            ),
+            (
+                "memory decides",
+                list(&[("cpu", "100m"), ("memory", "4Gi")]),
+                10,
+                3,
+            ),
+            (
+                "seed rounds down, we round up",
+                list(&[("cpu", "1")]),
+                10,
+                1,
+            ),
+            ("idle", list(&[]), 50, 0),
         ];
-        for (name, cpu, memory, pct, want) in rows {
-            let used = Resources {
-                cpu: q(cpu),
-                memory: q(memory),
-            };
+        for (name, used, pct, want) in rows {
             assert_eq!(
-                cpu_memory_placeholders(used, pct, pause, Bounds::default()),
+                resource_placeholders(&used, pct, &pause, Bounds::default()),
                 want,
                 "{name}"
             );
         }
-        let cpu_only = Resources {
-            cpu: q("1"),
-            memory: q("0"),
-        };
-        let used = Resources {
-            cpu: q("2"),
-            memory: q("64Gi"),
-        };
+        let used = list(&[("cpu", "2"), ("memory", "64Gi"), ("nvidia.com/gpu", "7")]);
         assert_eq!(
-            cpu_memory_placeholders(used, 50, cpu_only, Bounds::default()),
+            resource_placeholders(&used, 50, &list(&[("cpu", "1")]), Bounds::default()),
             1,
             "memory does not size a pause pod that requests none"
+        );
+        assert_eq!(
+            resource_placeholders(
+                &used,
+                50,
+                &list(&[("nvidia.com/gpu", "1")]),
+                Bounds::default()
+            ),
+            4,
+            "device-plugin GPUs: 50 % of 7, rounded up"
         );
     }
 }

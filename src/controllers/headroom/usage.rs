@@ -1,11 +1,9 @@
 //! Which pods count as workload on the selected nodes, and what they
-//! weigh in CPU and memory (their effective request, as kube-scheduler
-//! computes it: `model::requests`).
+//! weigh (their effective request, as kube-scheduler computes it, of every
+//! resource: `model::requests`).
 
-use crate::allocate::quantity::Quantity;
+use crate::model::requests::{ResourceList, add_into};
 use crate::model::views::PodView;
-
-use super::sizing::Resources;
 
 /// Whether the pod counts as workload on the nodes `selected` accepts:
 /// bound there, not terminal, not being deleted, not a placeholder (ours
@@ -17,25 +15,16 @@ pub fn is_workload(pod: &PodView, selected: impl Fn(&str) -> bool) -> bool {
         && !pod.namespace().starts_with("kube-")
 }
 
-/// The CPU and memory the workload pods among `pods` request.
+/// What the workload pods among `pods` request, per resource.
 pub fn workload_requests<'a>(
     pods: impl IntoIterator<Item = &'a PodView>,
     selected: impl Fn(&str) -> bool + Copy,
-) -> Resources {
-    let zero = Quantity::from_units(0);
-    pods.into_iter()
-        .filter(|p| is_workload(p, selected))
-        .map(|p| p.requests().effective())
-        .fold(Resources::default(), |sum, requests| Resources {
-            cpu: sum
-                .cpu
-                .checked_add(*requests.get("cpu").unwrap_or(&zero))
-                .unwrap_or(sum.cpu),
-            memory: sum
-                .memory
-                .checked_add(*requests.get("memory").unwrap_or(&zero))
-                .unwrap_or(sum.memory),
-        })
+) -> ResourceList {
+    let mut sum = ResourceList::new();
+    for pod in pods.into_iter().filter(|p| is_workload(p, selected)) {
+        add_into(&mut sum, &pod.requests().effective());
+    }
+    sum
 }
 
 #[cfg(test)]
@@ -54,13 +43,8 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
-    fn cpu_memory(pod: &PodView) -> Resources {
-        let effective = pod.requests().effective();
-        let zero = Quantity::from_units(0);
-        Resources {
-            cpu: *effective.get("cpu").unwrap_or(&zero),
-            memory: *effective.get("memory").unwrap_or(&zero),
-        }
+    fn cpu_memory(pod: &PodView) -> ResourceList {
+        pod.requests().effective()
     }
 
     fn c(cpu: &str, memory: &str) -> Value {
@@ -73,11 +57,11 @@ mod tests {
         v
     }
 
-    fn res(cpu: &str, memory: &str) -> Resources {
-        Resources {
-            cpu: Quantity::parse(cpu).unwrap(),
-            memory: Quantity::parse(memory).unwrap(),
-        }
+    fn res(cpu: &str, memory: &str) -> ResourceList {
+        crate::model::requests::parse_list([
+            ("cpu".to_string(), cpu.to_string()),
+            ("memory".to_string(), memory.to_string()),
+        ])
     }
 
     #[test]
@@ -103,7 +87,11 @@ mod tests {
                 json!({"containers": [c("1", "1Gi")], "overhead": {"cpu": "250m", "memory": "64Mi"}}),
                 res("1250m", "1088Mi"),
             ),
-            ("no requests", json!({"containers": [{}]}), res("0", "0")),
+            (
+                "no requests",
+                json!({"containers": [{}]}),
+                ResourceList::new(),
+            ),
         ];
         for (name, spec, want) in rows {
             assert_eq!(cpu_memory(&pod(json!({"spec": spec}))), want, "{name}");

@@ -10,8 +10,9 @@ use serde::Deserialize;
 use crate::runtime::resource::{view_accessors, view_resource};
 use serde_json::Value;
 
-use super::sizing::{Bounds, Resources};
+use super::sizing::Bounds;
 use crate::allocate::quantity::Quantity;
+use crate::model::requests::{ResourceList, parse_list};
 
 pub const GROUP: &str = "dra-claim-controller.io";
 pub const VERSION: &str = "v1alpha1";
@@ -129,7 +130,9 @@ pub struct DeviceEntrySpec {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CpuMemoryEntry {
     pub percentage: u32,
-    pub pause: Resources,
+    /// What one placeholder requests: cpu and memory (defaulted each), and
+    /// any other resource `pausePodSize` names.
+    pub pause: ResourceList,
     /// `pausePodSize` as the placeholder's container requests it.
     pub pause_requests: BTreeMap<String, String>,
     pub bounds: Bounds,
@@ -198,23 +201,22 @@ impl WatermarkSpec {
         }
         let mut requests = BTreeMap::new();
         for (resource, default) in [("cpu", DEFAULT_PAUSE_CPU), ("memory", DEFAULT_PAUSE_MEMORY)] {
-            let text = match self.pause_pod_size.get(resource) {
-                None => default.to_string(),
-                Some(v) => quantity_text(v).ok_or_else(|| {
-                    format!("spec.pausePodSize.{resource} is not a quantity: {v}")
-                })?,
-            };
-            Quantity::parse(&text).map_err(|e| format!("spec.pausePodSize.{resource}: {e}"))?;
-            requests.insert(resource.to_string(), text);
+            if !self.pause_pod_size.contains_key(resource) {
+                requests.insert(resource.to_string(), default.to_string());
+            }
         }
-        let parse = |r: &str| Quantity::parse(&requests[r]).expect("checked above");
+        // Every resource name counts (device-plugin GPUs, hugepages, ...).
+        for (resource, value) in &self.pause_pod_size {
+            let text = quantity_text(value).ok_or_else(|| {
+                format!("spec.pausePodSize.{resource} is not a quantity: {value}")
+            })?;
+            Quantity::parse(&text).map_err(|e| format!("spec.pausePodSize.{resource}: {e}"))?;
+            requests.insert(resource.clone(), text);
+        }
         Ok(CpuMemoryEntry {
             percentage: self.watermark_percentage,
-            pause: Resources {
-                cpu: parse("cpu"),
-                memory: parse("memory"),
-            },
-            pause_requests: requests.clone(),
+            pause: parse_list(requests.clone()),
+            pause_requests: requests,
             bounds: Bounds {
                 min: self.min_placeholders,
                 max: self.max_placeholders,
