@@ -49,7 +49,7 @@ pub fn log_filter(spec: &str) -> String {
 
 /// Logs to stderr, as text or JSON, filtered by RUST_LOG or --log-level.
 pub fn init_logging(args: &Args) {
-    init_logging_with(&args.log_level, "info", args.log_format);
+    init_logging_with(&args.effective_log_level(), "info", args.log_format);
 }
 
 /// Logging for the read-only commands: warnings and errors only, as text on

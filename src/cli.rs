@@ -51,17 +51,18 @@ pub struct Args {
     pub kubeconfig: Option<PathBuf>,
 
     /// Sustained requests per second to the API server, shared by every request of the process (0 = unlimited).
-    #[arg(long, default_value_t = DEFAULT_QPS, value_parser = parse_qps)]
+    #[arg(long, default_value_t = DEFAULT_QPS, value_parser = parse_qps, env = "DRA_KUBE_API_QPS")]
     pub kube_api_qps: f32,
 
     /// Requests that may be sent back to back before the QPS pacing applies.
-    #[arg(long, default_value_t = DEFAULT_BURST)]
+    #[arg(long, default_value_t = DEFAULT_BURST, env = "DRA_KUBE_API_BURST")]
     pub kube_api_burst: u32,
 
-    /// Number of workers syncing pods and claims concurrently (kube-controller-manager's --concurrent-resourceclaim-syncs is accepted as the same setting).
+    /// Number of workers syncing pods and claims concurrently (kube-controller-manager's spelling; --concurrent-syncs is the same setting).
     #[arg(
-        long,
-        alias = "concurrent-resourceclaim-syncs",
+        long = "concurrent-resourceclaim-syncs",
+        visible_alias = "concurrent-syncs",
+        env = "DRA_CONCURRENT_RESOURCECLAIM_SYNCS",
         default_value_t = 50,
         value_parser = clap::value_parser!(u32).range(1..=10_000)
     )]
@@ -148,12 +149,37 @@ pub struct Args {
     pub allocate_on_nodes: String,
 
     /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "DRA_LOG_FORMAT")]
     pub log_format: LogFormat,
 
-    /// Log filter (tracing env-filter syntax), e.g. "info" or "info,dra_claim_controller=debug". RUST_LOG overrides it.
-    #[arg(long, default_value = "info")]
+    /// Log filter (tracing env-filter syntax), e.g. "info" or "info,dra_claim_controller=debug". RUST_LOG overrides it; so does -v when this is left at its default.
+    #[arg(long, default_value = "info", env = "DRA_LOG_LEVEL")]
     pub log_level: String,
+
+    /// klog verbosity, as kube-controller-manager takes it (--v=2 copied from its manifest works): 0 to 2 log at info, 3 and 4 at debug, 5 and more at trace. An explicit --log-level wins.
+    #[arg(short = 'v', long = "v", value_name = "LEVEL", value_parser = clap::value_parser!(u8).range(0..=10))]
+    pub verbosity: Option<u8>,
+}
+
+impl Args {
+    /// The log filter in effect: `--log-level`, or the level `-v` maps to
+    /// when `--log-level` is left at its default.
+    pub fn effective_log_level(&self) -> String {
+        match self.verbosity {
+            Some(v) if self.log_level == "info" => log_level_for_verbosity(v).to_string(),
+            _ => self.log_level.clone(),
+        }
+    }
+}
+
+/// klog's verbosity as a tracing level: kube-controller-manager runs at
+/// `--v=2` for the information an admin reads, `--v=4` for debugging.
+pub fn log_level_for_verbosity(v: u8) -> &'static str {
+    match v {
+        0..=2 => "info",
+        3 | 4 => "debug",
+        _ => "trace",
+    }
 }
 
 fn parse_gates(s: &str) -> Result<FeatureGateFlag, String> {
@@ -249,15 +275,21 @@ impl std::fmt::Display for FlagDuration {
     }
 }
 
-/// Parses Go-style durations as Kubernetes flags take them: "15s", "500ms",
-/// "2m", "1h", "1m30s". A bare number is seconds.
+/// Parses Go durations as Kubernetes flags take them: "15s", "500ms",
+/// "2m", "1h", "1m30s", "0". A bare number other than 0 is refused, as Go's
+/// time.ParseDuration refuses it: "15" could mean seconds or minutes.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s.is_empty() {
         return Err("empty duration".into());
     }
-    if let Ok(secs) = s.parse::<f64>() {
-        return secs_to_duration(secs, s);
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if s.parse::<f64>().is_ok() {
+        return Err(format!(
+            "{s:?}: missing unit (Go duration syntax: 15s, 500ms, 2m, 1h30m)"
+        ));
     }
     let mut total = 0f64;
     let mut rest = s;
@@ -274,11 +306,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             .unwrap_or(tail.len());
         let (unit, next) = tail.split_at(unit_end);
         let factor = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
             "ms" => 0.001,
             "s" => 1.0,
             "m" => 60.0,
             "h" => 3600.0,
-            other => return Err(format!("{s:?}: unknown unit {other:?} (use ms, s, m or h)")),
+            other => {
+                return Err(format!(
+                    "{s:?}: unknown unit {other:?} (use ns, us, ms, s, m or h)"
+                ));
+            }
         };
         total += value * factor;
         rest = next;
@@ -350,8 +388,8 @@ mod tests {
             ("2m", 120_000),
             ("1m30s", 90_000),
             ("1h", 3_600_000),
-            ("3", 3_000),
             ("1.5s", 1_500),
+            ("0", 0),
         ];
         for (input, ms) in ok {
             assert_eq!(
@@ -360,8 +398,10 @@ mod tests {
                 "{input}"
             );
         }
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
         for bad in [
             "",
+            "3",
             "s",
             "10x",
             "-1",
@@ -373,6 +413,42 @@ mod tests {
         ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn kube_controller_manager_spellings() {
+        let rows = [
+            (vec!["x", "--concurrent-resourceclaim-syncs=12"], 12),
+            (vec!["x", "--concurrent-syncs=7"], 7),
+            (
+                vec![
+                    "x",
+                    "--concurrent-syncs=7",
+                    "--concurrent-resourceclaim-syncs=9",
+                ],
+                9,
+            ),
+        ];
+        for (argv, want) in rows {
+            let args = Args::try_parse_from(&argv).unwrap();
+            assert_eq!(args.concurrent_syncs, want, "{argv:?}");
+        }
+        let verbosity = [
+            (vec!["x", "--v=2"], "info"),
+            (vec!["x", "-v", "4"], "debug"),
+            (vec!["x", "--v=6"], "trace"),
+            (vec!["x", "--v=4", "--log-level=warn"], "warn"),
+            (vec!["x"], "info"),
+        ];
+        for (argv, want) in verbosity {
+            let args = Args::try_parse_from(&argv).unwrap();
+            assert_eq!(args.effective_log_level(), want, "{argv:?}");
+        }
+        assert!(Args::try_parse_from(["x", "--v=11"]).is_err());
+        assert!(
+            Args::try_parse_from(["x", "--leader-elect-lease-duration=15"]).is_err(),
+            "a bare number is not a Go duration"
+        );
     }
 
     /// Absurd values are refused by the parser, with the flag named, never
@@ -393,8 +469,8 @@ mod tests {
             ("--kube-api-qps", "0.0000001"),
             ("--kube-api-burst", "-1"),
             ("--kube-api-burst", "99999999999"),
-            ("--concurrent-syncs", "0"),
-            ("--concurrent-syncs", "1000000"),
+            ("--concurrent-resourceclaim-syncs", "0"),
+            ("--concurrent-resourceclaim-syncs", "1000000"),
             ("--shutdown-timeout", "2h"),
             ("--leader-elect-lease-duration", "1e300"),
             ("--leader-elect-retry-period", "-1s"),

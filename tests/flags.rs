@@ -10,7 +10,7 @@ fn absurd_flags_exit_with_a_usage_error_naming_the_flag() {
         ("--kube-api-qps", "NaN"),
         ("--kube-api-burst", "-3"),
         ("--shutdown-timeout", "1e300s"),
-        ("--concurrent-syncs", "0"),
+        ("--concurrent-resourceclaim-syncs", "0"),
     ];
     for (flag, value) in rows {
         let out = Command::new(env!("CARGO_BIN_EXE_dra-claim-controller"))

@@ -734,7 +734,10 @@ fn expected_args(values: &Value) -> Vec<String> {
     out.extend([
         format!("--kube-api-qps={}", str_of(&values["kubeAPI"]["qps"])),
         format!("--kube-api-burst={}", str_of(&values["kubeAPI"]["burst"])),
-        format!("--concurrent-syncs={}", str_of(&values["concurrentSyncs"])),
+        format!(
+            "--concurrent-resourceclaim-syncs={}",
+            str_of(&values["concurrentSyncs"])
+        ),
         format!("--min-resync-period={}", str_of(&values["minResyncPeriod"])),
         format!("--feature-gates={}", str_of(&values["featureGates"])),
     ]);
@@ -803,7 +806,7 @@ fn args_carry_every_flag_from_values() {
     for flag in [
         "--kube-api-qps=20",
         "--kube-api-burst=30",
-        "--concurrent-syncs=50",
+        "--concurrent-resourceclaim-syncs=50",
         "--min-resync-period=12h",
         "--feature-gates=DRAAdminAccess=true,DRAPrioritizedList=true,DRAExtendedResource=true",
         "--leader-elect=true",
@@ -863,7 +866,7 @@ extraArgs:
         "--kubeconfig=/etc/dra/kubeconfig",
         "--kube-api-qps=12.5",
         "--kube-api-burst=1000000",
-        "--concurrent-syncs=8",
+        "--concurrent-resourceclaim-syncs=8",
         "--feature-gates=DRAAdminAccess=false,DRAPrioritizedList=true",
         "--leader-elect=false",
         "--metrics-bind-address=127.0.0.1:9090",
