@@ -168,6 +168,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         burst: args.kube_api_burst,
         kubeconfig: args.kubeconfig.clone(),
         context: None,
+        overrides: Default::default(),
     };
     let (client, drain) = build_client(&client_opts, &registry).await?;
 

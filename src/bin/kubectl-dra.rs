@@ -1,11 +1,12 @@
 //! `kubectl dra`: the read-only checks of dra-claim-controller as a kubectl
-//! plugin. On `PATH`, `kubectl dra drain-check --node N` and
-//! `kubectl dra audit` run the same code as `dra-claim-controller
-//! drain-check` and `dra-claim-controller audit`.
+//! plugin. On `PATH`, `kubectl dra drain-check NODE` and `kubectl dra
+//! audit` run the same code as `dra-claim-controller drain-check` and
+//! `dra-claim-controller audit`; `kubectl-dra completion SHELL` prints a
+//! completion script.
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser, Subcommand};
 
 use dra_claim_controller::app;
 use dra_claim_controller::inspect::Tool;
@@ -13,16 +14,35 @@ use dra_claim_controller::inspect::Tool;
 #[derive(Debug, Parser)]
 #[command(
     name = "kubectl-dra",
-    bin_name = "kubectl dra",
+    bin_name = "kubectl-dra",
     version,
     about = "DRA checks for cluster admins: may a node's driver go (drain-check), where do ResourceClaims leak (audit)."
 )]
 struct Cli {
     #[command(subcommand)]
-    tool: Tool,
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    #[command(flatten)]
+    Tool(Box<Tool>),
+    /// Print a completion script for SHELL (e.g. `source <(kubectl-dra completion bash)`).
+    Completion { shell: clap_complete::Shell },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::try_parse().unwrap_or_else(|e| app::exit_usage(e));
-    app::run_tool("kubectl dra", cli.tool)
+    match cli.command {
+        Command::Tool(tool) => app::run_tool("kubectl dra", *tool),
+        Command::Completion { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "kubectl-dra",
+                &mut std::io::stdout(),
+            );
+            ExitCode::SUCCESS
+        }
+    }
 }

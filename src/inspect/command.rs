@@ -13,7 +13,9 @@ use super::drain::{DEFAULT_FINISHED_GRACE, DrainScope, check, unknown_target};
 use super::read::{ReadError, Reader};
 use super::report::{AuditScope, DrainCheckReport, Finding, exit};
 use crate::cli::FlagDuration;
-use crate::runtime::client::{ClientOptions, DEFAULT_BURST, DEFAULT_QPS, build_client};
+use crate::runtime::client::{
+    ClientOptions, ConnectionOverrides, DEFAULT_BURST, DEFAULT_QPS, build_client,
+};
 
 /// The read-only commands.
 #[derive(Debug, Clone, Subcommand)]
@@ -28,7 +30,7 @@ pub enum Tool {
     Audit(AuditArgs),
 }
 
-/// How to reach the API server.
+/// How to reach the API server: kubectl's connection flags.
 #[derive(Debug, Clone, ClapArgs)]
 pub struct Connection {
     /// Kubeconfig file. Default: $KUBECONFIG or ~/.kube/config, else the in-cluster service account.
@@ -37,6 +39,30 @@ pub struct Connection {
     /// Kubeconfig context to use instead of the current one.
     #[arg(long)]
     pub context: Option<String>,
+    /// Kubeconfig cluster to use.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Kubeconfig user to use.
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Address of the API server, instead of the kubeconfig's.
+    #[arg(short = 's', long)]
+    pub server: Option<String>,
+    /// Bearer token to authenticate with.
+    #[arg(long)]
+    pub token: Option<String>,
+    /// User to impersonate.
+    #[arg(long = "as")]
+    pub impersonate: Option<String>,
+    /// Group to impersonate (repeat for several).
+    #[arg(long = "as-group")]
+    pub impersonate_groups: Vec<String>,
+    /// Do not check the API server's certificate (insecure).
+    #[arg(long)]
+    pub insecure_skip_tls_verify: bool,
+    /// How long the reads of one check may take (Go duration; 0 = no bound).
+    #[arg(long, default_value = "0")]
+    pub request_timeout: FlagDuration,
     /// Sustained requests per second to the API server.
     #[arg(long, default_value_t = DEFAULT_QPS)]
     pub kube_api_qps: f32,
@@ -45,17 +71,26 @@ pub struct Connection {
     pub kube_api_burst: u32,
 }
 
+/// `-o`, as kubectl takes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     Table,
+    /// The table with the consumers' nodes and UIDs.
+    Wide,
     Json,
+    Yaml,
+    /// `resourceclaim.resource.k8s.io/<name>` of each claim found.
+    Name,
 }
 
 #[derive(Debug, Clone, ClapArgs)]
 pub struct DrainCheckArgs {
-    /// The node whose driver is to go.
-    #[arg(long)]
-    pub node: String,
+    /// The node whose driver is to go (as kubectl drain takes it). Every namespace is checked: a node's devices serve pods of any namespace.
+    #[arg(value_name = "NODE", required_unless_present = "node")]
+    pub node_name: Option<String>,
+    /// The node, as a flag (the same as NODE).
+    #[arg(long, conflicts_with = "node_name")]
+    pub node: Option<String>,
     /// Only claims with devices of this driver (e.g. gpu.example.com).
     #[arg(long)]
     pub driver: Option<String>,
@@ -82,9 +117,12 @@ pub struct AuditArgs {
     /// Only claims that matter to this node (devices on it, or pods bound to it).
     #[arg(long)]
     pub node: Option<String>,
-    /// Only this namespace.
+    /// Only this namespace (default: the kubeconfig context's namespace, as kubectl).
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
+    /// Every namespace.
+    #[arg(short = 'A', long, conflicts_with = "namespace")]
+    pub all_namespaces: bool,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
     #[command(flatten)]
@@ -100,19 +138,62 @@ pub async fn run(tool: Tool) -> ExitCode {
     ExitCode::from(code)
 }
 
-async fn reader(connection: &Connection) -> Result<Reader, u8> {
+impl DrainCheckArgs {
+    /// The node, given as NODE or with --node.
+    pub fn node(&self) -> &str {
+        self.node_name
+            .as_deref()
+            .or(self.node.as_deref())
+            .unwrap_or_default()
+    }
+}
+
+/// The namespace an audit covers: `-n`, every one with `-A`, else the
+/// context's (`default` where it names none), as kubectl does.
+pub fn audit_namespace(args: &AuditArgs, context_namespace: &str) -> Option<String> {
+    if args.all_namespaces {
+        None
+    } else {
+        Some(
+            args.namespace
+                .clone()
+                .unwrap_or_else(|| context_namespace.to_string()),
+        )
+    }
+}
+
+async fn reader(connection: &Connection) -> Result<(Reader, String), u8> {
     let options = ClientOptions {
         qps: connection.kube_api_qps,
         burst: connection.kube_api_burst,
         kubeconfig: connection.kubeconfig.clone(),
         context: connection.context.clone(),
+        overrides: ConnectionOverrides {
+            cluster: connection.cluster.clone(),
+            user: connection.user.clone(),
+            server: connection.server.clone(),
+            token: connection.token.clone(),
+            impersonate: connection.impersonate.clone(),
+            impersonate_groups: connection.impersonate_groups.clone(),
+            insecure_skip_tls_verify: connection.insecure_skip_tls_verify,
+        },
     };
     match build_client(&options, &prometheus::Registry::new()).await {
-        Ok((client, _drain)) => Ok(Reader::new(client)),
+        Ok((client, _drain)) => {
+            let namespace = client.default_namespace().to_string();
+            Ok((Reader::new(client), namespace))
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             Err(exit::INCOMPLETE)
         }
+    }
+}
+
+fn print_yaml(value: &impl serde::Serialize) {
+    match serde_saphyr::to_string(value) {
+        Ok(text) => print!("{text}"),
+        Err(e) => eprintln!("error: cannot write the report as YAML: {e}"),
     }
 }
 
@@ -155,27 +236,27 @@ fn warning_keys(warnings: &[Finding]) -> WarningKeys {
 fn print_report(report: &DrainCheckReport, output: Output) {
     match output {
         Output::Table => print!("{}", report.table()),
+        Output::Wide => print!("{}", report.wide_table()),
         Output::Json => print_json(report),
+        Output::Yaml => print_yaml(report),
+        Output::Name => report.names().iter().for_each(|n| println!("{n}")),
     }
 }
 
 async fn drain_check(args: DrainCheckArgs) -> u8 {
-    let node = args.node.as_str();
+    let node = args.node();
     let driver = args.driver.as_deref();
     let incomplete = |error: String| {
         eprintln!("error: the check could not be completed: {error}");
-        if args.output == Output::Json {
-            print_json(&DrainCheckReport::incomplete(
-                node,
-                driver,
-                Timestamp::now().to_string(),
-                error,
-            ));
+        if matches!(args.output, Output::Json | Output::Yaml) {
+            let report =
+                DrainCheckReport::incomplete(node, driver, Timestamp::now().to_string(), error);
+            print_report(&report, args.output);
         }
         exit::INCOMPLETE
     };
     let reader = match reader(&args.connection).await {
-        Ok(r) => r,
+        Ok((r, _)) => r,
         Err(code) => return code,
     };
     let scope = DrainScope {
@@ -189,7 +270,16 @@ async fn drain_check(args: DrainCheckArgs) -> u8 {
     loop {
         let out_of_time = deadline.is_none_or(|d| Instant::now() >= d);
         let now = Timestamp::now();
-        match reader.for_node(scope, now).await {
+        let read = match within(
+            &args.connection.request_timeout,
+            reader.for_node(scope, now),
+        )
+        .await
+        {
+            Ok(read) => read,
+            Err(late) => return incomplete(late),
+        };
+        match read {
             Ok(snapshot) => {
                 if let Some(unknown) = unknown_target(&snapshot, scope) {
                     return incomplete(unknown);
@@ -232,26 +322,142 @@ async fn drain_check(args: DrainCheckArgs) -> u8 {
     }
 }
 
+/// `read`, bounded by `--request-timeout` (0: unbounded); a read that takes
+/// longer is what the error says.
+async fn within<T>(
+    bound: &FlagDuration,
+    read: impl std::future::Future<Output = T>,
+) -> Result<T, String> {
+    if bound.0.is_zero() {
+        return Ok(read.await);
+    }
+    tokio::time::timeout(bound.0, read)
+        .await
+        .map_err(|_| format!("the reads took longer than --request-timeout={bound}"))
+}
+
 async fn run_audit(args: AuditArgs) -> u8 {
-    let reader = match reader(&args.connection).await {
+    let (reader, context_namespace) = match reader(&args.connection).await {
         Ok(r) => r,
         Err(code) => return code,
     };
-    let snapshot = match reader
-        .for_audit(args.namespace.as_deref(), args.node.as_deref())
-        .await
-    {
+    let namespace = audit_namespace(&args, &context_namespace);
+    let read = reader.for_audit(namespace.as_deref(), args.node.as_deref());
+    let read = match within(&args.connection.request_timeout, read).await {
+        Ok(read) => read,
+        Err(late) => {
+            eprintln!("error: the check could not be completed: {late}");
+            return exit::INCOMPLETE;
+        }
+    };
+    let snapshot = match read {
         Ok(s) => s,
         Err(e) => return incomplete(&e),
     };
     let scope = AuditScope {
         node: args.node.clone(),
-        namespace: args.namespace.clone(),
+        namespace,
     };
     let report = audit(&snapshot, scope, Timestamp::now());
     match args.output {
         Output::Table => print!("{}", report.table()),
+        Output::Wide => print!("{}", report.wide_table()),
         Output::Json => print_json(&report),
+        Output::Yaml => print_yaml(&report),
+        Output::Name => report.names().iter().for_each(|n| println!("{n}")),
     }
     report.exit_code()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Plugin {
+        #[command(subcommand)]
+        tool: Tool,
+    }
+
+    fn parse(argv: &[&str]) -> Result<Tool, clap::Error> {
+        Plugin::try_parse_from(std::iter::once("kubectl-dra").chain(argv.iter().copied()))
+            .map(|p| p.tool)
+    }
+
+    fn drain(argv: &[&str]) -> DrainCheckArgs {
+        match parse(argv).unwrap() {
+            Tool::DrainCheck(args) => args,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn audit(argv: &[&str]) -> AuditArgs {
+        match parse(argv).unwrap() {
+            Tool::Audit(args) => args,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_node_is_an_argument_as_for_kubectl_drain() {
+        assert_eq!(drain(&["drain-check", "gpu-3"]).node(), "gpu-3");
+        assert_eq!(drain(&["drain-check", "--node", "gpu-3"]).node(), "gpu-3");
+        assert!(parse(&["drain-check"]).is_err(), "a node is required");
+        assert!(parse(&["drain-check", "a", "--node", "b"]).is_err());
+    }
+
+    #[test]
+    fn namespaces_follow_kubectl() {
+        let rows: [(&[&str], Option<&str>); 3] = [
+            (&["audit"], Some("team-a")),
+            (&["audit", "-n", "other"], Some("other")),
+            (&["audit", "-A"], None),
+        ];
+        for (argv, want) in rows {
+            assert_eq!(
+                audit_namespace(&audit(argv), "team-a").as_deref(),
+                want,
+                "{argv:?}"
+            );
+        }
+        assert!(parse(&["audit", "-A", "-n", "x"]).is_err());
+    }
+
+    #[test]
+    fn outputs_and_connection_flags() {
+        for (flag, want) in [
+            ("table", Output::Table),
+            ("wide", Output::Wide),
+            ("json", Output::Json),
+            ("yaml", Output::Yaml),
+            ("name", Output::Name),
+        ] {
+            assert_eq!(drain(&["drain-check", "n", "-o", flag]).output, want);
+            assert_eq!(audit(&["audit", "-o", flag]).output, want);
+        }
+        let args = drain(&[
+            "drain-check",
+            "n",
+            "--cluster=c",
+            "--user=u",
+            "-s",
+            "https://api:6443",
+            "--token=t",
+            "--as=alice",
+            "--as-group=ops",
+            "--as-group=sre",
+            "--insecure-skip-tls-verify",
+            "--request-timeout=5s",
+        ]);
+        let c = &args.connection;
+        assert_eq!(
+            (c.cluster.as_deref(), c.user.as_deref(), c.server.as_deref()),
+            (Some("c"), Some("u"), Some("https://api:6443"))
+        );
+        assert_eq!(c.impersonate.as_deref(), Some("alice"));
+        assert_eq!(c.impersonate_groups, ["ops", "sre"]);
+        assert!(c.insecure_skip_tls_verify);
+        assert_eq!(c.request_timeout.0, Duration::from_secs(5));
+    }
 }

@@ -355,6 +355,25 @@ impl DrainCheckReport {
     }
 
     pub fn table(&self) -> String {
+        self.render(false)
+    }
+
+    /// The table with the consumers' nodes and UIDs (`-o wide`).
+    pub fn wide_table(&self) -> String {
+        self.render(true)
+    }
+
+    /// The claims the report names, as `kubectl get -o name` prints them.
+    pub fn names(&self) -> Vec<String> {
+        object_names(
+            self.blocking
+                .iter()
+                .chain(&self.warnings)
+                .chain(&self.placeholders),
+        )
+    }
+
+    fn render(&self, wide: bool) -> String {
         let mut out = String::new();
         if let Some(error) = &self.error {
             let _ = writeln!(out, "Incomplete: {error}");
@@ -366,17 +385,17 @@ impl DrainCheckReport {
         };
         if !self.blocking.is_empty() {
             let _ = writeln!(out, "BLOCKING: devices still in use on {scope}");
-            out.push_str(&findings_table(&self.blocking, false));
+            out.push_str(&findings_table(&self.blocking, false, wide));
             out.push('\n');
         }
         if !self.warnings.is_empty() {
             let _ = writeln!(out, "WARNINGS");
-            out.push_str(&findings_table(&self.warnings, true));
+            out.push_str(&findings_table(&self.warnings, true, wide));
             out.push('\n');
         }
         if !self.placeholders.is_empty() {
             let _ = writeln!(out, "HEADROOM PLACEHOLDERS: safe to evict, never blocking");
-            out.push_str(&findings_table(&self.placeholders, false));
+            out.push_str(&findings_table(&self.placeholders, false, wide));
             out.push('\n');
         }
         let _ = match self.verdict {
@@ -453,9 +472,23 @@ impl AuditReport {
     }
 
     pub fn table(&self) -> String {
+        self.render(false)
+    }
+
+    /// The table with the consumers' nodes and UIDs (`-o wide`).
+    pub fn wide_table(&self) -> String {
+        self.render(true)
+    }
+
+    /// The claims the report names, as `kubectl get -o name` prints them.
+    pub fn names(&self) -> Vec<String> {
+        object_names(self.findings.iter().map(|f| &f.finding))
+    }
+
+    fn render(&self, wide: bool) -> String {
         let mut out = String::new();
         if !self.findings.is_empty() {
-            let mut rows = vec![row(&[
+            let mut header = vec![
                 "PROBLEM",
                 "NAMESPACE",
                 "CLAIM",
@@ -464,9 +497,13 @@ impl AuditReport {
                 "POD",
                 "STATE",
                 "ACTION",
-            ])];
+            ];
+            if wide {
+                header.extend(WIDE_COLUMNS);
+            }
+            let mut rows = vec![row(&header)];
             for f in &self.findings {
-                rows.push(finding_row(&f.finding, true, Some(&f.node)));
+                rows.push(finding_row(&f.finding, true, Some(&f.node), wide));
             }
             out.push_str(&align(&rows));
             out.push('\n');
@@ -510,7 +547,23 @@ fn row(cells: &[&str]) -> Vec<String> {
     cells.iter().map(|c| c.to_string()).collect()
 }
 
-fn finding_row(f: &Finding, with_type: bool, node: Option<&str>) -> Vec<String> {
+/// The columns `-o wide` adds: where the pod (or other consumer) runs, and
+/// its UID (which tells a pod from another of the same name).
+const WIDE_COLUMNS: [&str; 2] = ["POD NODE", "POD UID"];
+
+/// `resourceclaim.resource.k8s.io/<name>` of each claim, once, in order.
+fn object_names<'a>(findings: impl Iterator<Item = &'a Finding>) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for f in findings {
+        let name = format!("resourceclaim.resource.k8s.io/{}", f.claim.name);
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
+fn finding_row(f: &Finding, with_type: bool, node: Option<&str>, wide: bool) -> Vec<String> {
     let mut cells = Vec::new();
     if with_type {
         cells.push(f.kind.clone());
@@ -551,17 +604,38 @@ fn finding_row(f: &Finding, with_type: bool, node: Option<&str>) -> Vec<String> 
         }
     }
     cells.push(f.action.clone());
+    if wide {
+        let subject = f.subject.as_ref();
+        cells.push(
+            subject
+                .and_then(|s| s.node.clone())
+                .unwrap_or_else(|| "-".into()),
+        );
+        cells.push(
+            subject
+                .map(|s| s.uid.clone())
+                .filter(|u| !u.is_empty())
+                .unwrap_or_else(|| "-".into()),
+        );
+    }
     cells
 }
 
-fn findings_table(findings: &[Finding], with_type: bool) -> String {
+fn findings_table(findings: &[Finding], with_type: bool, wide: bool) -> String {
     let mut header = Vec::new();
     if with_type {
         header.push("PROBLEM");
     }
     header.extend(["NAMESPACE", "CLAIM", "DEVICES", "POD", "STATE", "ACTION"]);
+    if wide {
+        header.extend(WIDE_COLUMNS);
+    }
     let mut rows = vec![row(&header)];
-    rows.extend(findings.iter().map(|f| finding_row(f, with_type, None)));
+    rows.extend(
+        findings
+            .iter()
+            .map(|f| finding_row(f, with_type, None, wide)),
+    );
     align(&rows)
 }
 

@@ -381,7 +381,7 @@ async fn drain_check_and_audit() {
 
     // audit, and the same through the kubectl plugin.
     for bin in ["dra-claim-controller", "kubectl-dra"] {
-        let r = run(bin, &inspector, &["audit", "-o", "json"]).await;
+        let r = run(bin, &inspector, &["audit", "-A", "-o", "json"]).await;
         assert_eq!(r.code, 2, "{bin}: {r:?}");
         let report = r.json();
         assert_eq!(report["kind"], "AuditReport");
@@ -395,12 +395,8 @@ async fn drain_check_and_audit() {
             "{report}"
         );
     }
-    let r = run(
-        "kubectl-dra",
-        &inspector,
-        &["drain-check", "--node", GPU_NODE],
-    )
-    .await;
+    // kubectl's conventions: the node as an argument, -o yaml|wide|name.
+    let r = run("kubectl-dra", &inspector, &["drain-check", GPU_NODE]).await;
     assert_eq!(r.code, 2, "{r:?}");
     assert!(
         r.stdout.contains("WARNINGS") && r.stdout.contains("StaleReservation"),
@@ -408,7 +404,39 @@ async fn drain_check_and_audit() {
         r.stdout
     );
     println!("{}", r.stdout);
-    let r = run("kubectl-dra", &inspector, &["audit"]).await;
+    let r = run(
+        "kubectl-dra",
+        &inspector,
+        &["drain-check", GPU_NODE, "-o", "yaml"],
+    )
+    .await;
+    assert_eq!(r.code, 2, "{r:?}");
+    let yaml: serde_yaml::Value = serde_yaml::from_str(&r.stdout).expect("-o yaml is YAML");
+    assert_eq!(yaml["kind"].as_str(), Some("DrainCheckReport"));
+    assert_eq!(
+        yaml["warnings"][0]["type"].as_str(),
+        Some("StaleReservation")
+    );
+    let r = run(
+        "kubectl-dra",
+        &inspector,
+        &["drain-check", GPU_NODE, "-o", "name"],
+    )
+    .await;
+    assert_eq!(
+        r.stdout.trim(),
+        "resourceclaim.resource.k8s.io/shared-gpu",
+        "{r:?}"
+    );
+    let r = run(
+        "kubectl-dra",
+        &inspector,
+        &["drain-check", GPU_NODE, "-o", "wide"],
+    )
+    .await;
+    assert!(r.stdout.contains("POD NODE"), "{}", r.stdout);
+    // audit covers the context's namespace unless told otherwise (-n, -A).
+    let r = run("kubectl-dra", &inspector, &["audit", "-n", &t.ns]).await;
     assert_eq!(r.code, 2, "{r:?}");
     assert!(
         r.stdout.contains("BY NODE") && r.stdout.contains(GPU_NODE),
@@ -416,6 +444,11 @@ async fn drain_check_and_audit() {
         r.stdout
     );
     println!("{}", r.stdout);
+    let r = run("kubectl-dra", &inspector, &["audit"]).await;
+    assert_eq!(
+        r.code, 0,
+        "the context's namespace (default) has none: {r:?}"
+    );
 
     // Without rights: the check cannot be completed, and says why.
     let r = run(
@@ -430,7 +463,7 @@ async fn drain_check_and_audit() {
         "{}",
         r.stderr
     );
-    let r = run("kubectl-dra", &nobody, &["audit"]).await;
+    let r = run("kubectl-dra", &nobody, &["audit", "-A"]).await;
     assert_eq!(r.code, 3, "{r:?}");
     let r = run(
         "kubectl-dra",
