@@ -60,6 +60,8 @@ mod scenarios_scale;
 #[path = "e2e/start_up.rs"]
 mod start_up;
 
+#[path = "e2e/chart_admission.rs"]
+mod chart_admission;
 #[path = "e2e/differential.rs"]
 mod differential;
 #[path = "e2e/handover.rs"]
