@@ -2085,3 +2085,76 @@ fn the_seed_operators_crd_rbac_and_flag_come_only_when_asked_for() {
         "{rules:?}"
     );
 }
+
+#[test]
+fn service_monitor_authorization_and_a_verifiable_certificate() {
+    let base = [
+        ("serviceMonitor.enabled", "true"),
+        ("serviceMonitor.namespace", "monitoring"),
+    ];
+    let endpoint =
+        |docs: &[Value]| one_of_kind(docs, "ServiceMonitor")["spec"]["endpoints"][0].clone();
+
+    // Default: the deprecated token file, and a self-signed certificate.
+    let docs = render_or_skip!(&base);
+    let e = endpoint(&docs);
+    assert!(e["bearerTokenFile"].is_string(), "{e:?}");
+    assert_eq!(e["tlsConfig"]["insecureSkipVerify"], true);
+    assert!(all_of_kind(&docs, "Certificate").is_empty());
+
+    // prometheus-operator's authorization, from a token Secret the chart makes.
+    let mut set = base.to_vec();
+    set.push((
+        "serviceMonitor.authorization.prometheusServiceAccount",
+        "prometheus-k8s",
+    ));
+    let docs = render_or_skip!(&set);
+    let e = endpoint(&docs);
+    assert!(e["bearerTokenFile"].is_null(), "{e:?}");
+    assert_eq!(e["authorization"]["type"], "Bearer");
+    assert_eq!(str_of(&e["authorization"]["credentials"]["key"]), "token");
+    let secret = all_of_kind(&docs, "Secret")
+        .into_iter()
+        .find(|s| s["type"].as_str() == Some("kubernetes.io/service-account-token"))
+        .expect("a token Secret");
+    assert_eq!(str_of(&secret["metadata"]["namespace"]), "monitoring");
+    assert_eq!(
+        str_of(&secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]),
+        "prometheus-k8s"
+    );
+    assert_eq!(
+        str_of(&e["authorization"]["credentials"]["name"]),
+        str_of(&secret["metadata"]["name"])
+    );
+
+    // An existing Secret instead.
+    let mut set = base.to_vec();
+    set.push(("serviceMonitor.authorization.secret.name", "prom-token"));
+    let docs = render_or_skip!(&set);
+    assert_eq!(
+        str_of(&endpoint(&docs)["authorization"]["credentials"]["name"]),
+        "prom-token"
+    );
+
+    // cert-manager: a certificate naming the Service, verified.
+    let mut set = base.to_vec();
+    set.push(("metrics.certManager.issuerRef.name", "cluster-ca"));
+    set.push(("metrics.certManager.issuerRef.kind", "ClusterIssuer"));
+    let docs = render_or_skip!(&set);
+    let cert = one_of_kind(&docs, "Certificate");
+    let dns = strings(&cert["spec"]["dnsNames"]);
+    assert!(dns[0].ends_with("-metrics.dra-system.svc"), "{dns:?}");
+    let e = endpoint(&docs);
+    assert_eq!(e["tlsConfig"]["insecureSkipVerify"], false);
+    assert_eq!(str_of(&e["tlsConfig"]["serverName"]), dns[0]);
+    let secret_name = str_of(&cert["spec"]["secretName"]);
+    assert_eq!(str_of(&e["tlsConfig"]["ca"]["secret"]["name"]), secret_name);
+    // The controller serves that certificate.
+    let deploy = one_of_kind(&docs, "Deployment");
+    let mounted = deploy["spec"]["template"]["spec"]["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|v| v["secret"]["secretName"].as_str() == Some(secret_name.as_str()));
+    assert!(mounted, "the Certificate's Secret is mounted");
+}

@@ -182,3 +182,20 @@ Checks across values that the JSON schema cannot express.
 {{- fail "pdb: set one of minAvailable and maxUnavailable" }}
 {{- end }}
 {{- end }}
+
+{{/*
+The Secret holding the metrics serving certificate: metrics.tlsSecretName, or
+the one the chart's cert-manager Certificate writes; empty: self-signed.
+*/}}
+{{- define "dra-claim-controller.metricsTLSSecret" -}}
+{{- if .Values.metrics.tlsSecretName -}}
+{{ .Values.metrics.tlsSecretName }}
+{{- else if .Values.metrics.certManager.issuerRef.name -}}
+{{ include "dra-claim-controller.fullname" . }}-metrics-tls
+{{- end -}}
+{{- end -}}
+
+{{/* The metrics Service's DNS name, which the cert-manager certificate names. */}}
+{{- define "dra-claim-controller.metricsServiceDNS" -}}
+{{ include "dra-claim-controller.fullname" . }}-metrics.{{ .Release.Namespace }}.svc
+{{- end -}}
