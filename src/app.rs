@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use crate::controllers::allocator::{Controller as Allocator, SharedStores};
 use crate::controllers::headroom::{
-    Controller as Headroom, Settings as HeadroomSettings, Stores as HeadroomStores,
+    BufferApi as HeadroomBufferApi, Controller as Headroom, Settings as HeadroomSettings,
+    Stores as HeadroomStores,
 };
 use crate::controllers::resourceclaim::Controller;
 use crate::model::views::{ClaimView, PodView};
@@ -285,12 +286,18 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     let headroom = if args.controllers.headroom {
+        let capacity_buffers = if args.headroom_capacity_buffers {
+            Some(capacity_buffer_api(&client).await?)
+        } else {
+            None
+        };
         let headroom = Headroom::new(
             client.clone(),
             &registry,
             HeadroomSettings {
                 yield_enabled: args.headroom_yield,
                 seed_watermarks: args.headroom_seed_watermarks,
+                capacity_buffers,
                 gates,
             },
             HeadroomStores {
@@ -476,6 +483,33 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     info!("lease released");
     servers.wait().await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Which CapacityBuffer version the API server serves, newest first.
+async fn capacity_buffer_api(client: &kube::Client) -> anyhow::Result<HeadroomBufferApi> {
+    use crate::controllers::headroom::buffer::{GROUP, PLURAL, VERSIONS};
+    for version in VERSIONS {
+        match client
+            .list_api_group_resources(&format!("{GROUP}/{version}"))
+            .await
+        {
+            Ok(list) if list.resources.iter().any(|r| r.name == PLURAL) => {
+                info!(api_version = %format!("{GROUP}/{version}"), "serving CapacityBuffers with strategy dra-claim-controller.io/placeholder-pods");
+                return Ok(HeadroomBufferApi {
+                    version: version.to_string(),
+                });
+            }
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => anyhow::bail!(
+                "--headroom-capacity-buffers: asking the API server whether it serves {GROUP}/{version} failed: {e}"
+            ),
+        }
+    }
+    anyhow::bail!(
+        "--headroom-capacity-buffers: the API server serves no {GROUP} capacitybuffers: install the \
+         cluster-autoscaler's CapacityBuffer CRD, or drop the flag"
+    )
 }
 
 /// The release whose rules apply and where that came from: pinned by the

@@ -112,6 +112,10 @@ pub struct Args {
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub headroom_seed_watermarks: bool,
 
+    /// With the headroom controller: serve the cluster-autoscaler's CapacityBuffers (autoscaling.x-k8s.io) whose provisioningStrategy is dra-claim-controller.io/placeholder-pods with real placeholder pods (claims included). Needs the autoscaler's CRD.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub headroom_capacity_buffers: bool,
+
     /// Address for /metrics (":8080" = all interfaces, "0" = off).
     #[arg(long, default_value_t = BindAddress::all_interfaces(8080))]
     pub metrics_bind_address: BindAddress,

@@ -2158,3 +2158,26 @@ fn service_monitor_authorization_and_a_verifiable_certificate() {
         .any(|v| v["secret"]["secretName"].as_str() == Some(secret_name.as_str()));
     assert!(mounted, "the Certificate's Secret is mounted");
 }
+
+#[test]
+fn capacity_buffers_bring_their_flag_and_rbac_only_when_asked_for() {
+    let key = (
+        "autoscaling.x-k8s.io".to_string(),
+        "capacitybuffers/status".to_string(),
+    );
+    let off = render_or_skip!(&[("headroom.enabled", "true")]);
+    assert!(!args(&off).iter().any(|a| a.contains("capacity-buffers")));
+    assert!(!bound_cluster_rules(&off).contains_key(&key));
+    let on = render_or_skip!(&[
+        ("headroom.enabled", "true"),
+        ("headroom.capacityBuffers.enabled", "true")
+    ]);
+    assert!(args(&on).contains(&"--headroom-capacity-buffers=true".to_string()));
+    let rules = bound_cluster_rules(&on);
+    assert!(rules.contains_key(&key), "{rules:?}");
+    assert!(rules.contains_key(&(String::new(), "podtemplates".to_string())));
+    assert!(
+        all_of_kind(&on, "CustomResourceDefinition").is_empty(),
+        "the autoscaler owns the CapacityBuffer CRD"
+    );
+}

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use prometheus::Registry;
 use tracing::{Instrument, debug, info, info_span};
 
+use super::buffer::{BufferApi, BufferView};
 use super::metrics::Metrics;
 use super::plan::{Plan, Snapshot};
 use super::seed::SeedWatermarkView;
@@ -34,13 +35,16 @@ pub const QUEUE_NAME: &str = "dra_headroom";
 pub const FIELD_MANAGER: &str = "dra-claim-controller-headroom";
 
 /// What the flags set.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Settings {
     /// `--headroom-yield`.
     pub yield_enabled: bool,
     /// `--headroom-seed-watermarks`: also serve the seed operator's
     /// watermarks.
     pub seed_watermarks: bool,
+    /// `--headroom-capacity-buffers`: the served CapacityBuffer version,
+    /// whose buffers with our strategy get placeholder pods.
+    pub capacity_buffers: Option<BufferApi>,
     /// The allocation features the yield's allocator may use.
     pub gates: Gates,
 }
@@ -60,6 +64,15 @@ pub(super) struct Written {
     /// Object key (`Kind/name`) → the applied body.
     pub(super) objects: BTreeMap<String, Value>,
     pub(super) observed: Option<Observed>,
+}
+
+/// What the last sync of a CapacityBuffer wrote.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(super) struct BufferWritten {
+    pub(super) deployment: Option<Value>,
+    /// The outcome the status says (the count, or why not), and for which
+    /// generation.
+    pub(super) status: Option<(Result<u32, String>, Option<i64>)>,
 }
 
 /// What the last sync of a seed watermark wrote.
@@ -93,6 +106,11 @@ pub struct Controller {
     pub(super) seed_watermarks: Store<SeedWatermarkView>,
     pub(super) seed_watch: Option<Informer>,
     pub(super) seed_written: Mutex<HashMap<String, SeedWritten>>,
+    /// CapacityBuffers, when served (their own watch).
+    pub(super) buffers: Store<BufferView>,
+    pub(super) buffer_api: Option<BufferApi>,
+    pub(super) buffer_watch: Option<Informer>,
+    pub(super) buffer_written: Mutex<HashMap<String, BufferWritten>>,
     pub(super) metrics: Metrics,
     /// `--headroom-yield`.
     pub(super) yield_enabled: bool,
@@ -140,6 +158,8 @@ pub(super) const PLACEHOLDER_PRIORITY: i32 = -1;
 /// Queue keys of pods waiting for devices carry this prefix; watermark
 /// keys are plain `namespace/name`.
 pub(super) const POD_KEY_PREFIX: &str = "pod:";
+/// Queue keys of CapacityBuffers carry this prefix.
+pub(super) const BUFFER_KEY_PREFIX: &str = "buffer:";
 /// Queue keys of the seed operator's watermarks carry this prefix.
 pub(super) const SEED_KEY_PREFIX: &str = "seed:";
 /// The source of the yield's events.
@@ -176,6 +196,13 @@ impl Controller {
             watermark_watch: Informer::new("nodescalingwatermarks"),
             seed_watermarks: Store::new(Vec::new()),
             seed_written: Mutex::default(),
+            buffers: Store::new(Vec::new()),
+            buffer_watch: settings
+                .capacity_buffers
+                .is_some()
+                .then(|| Informer::new("capacitybuffers")),
+            buffer_api: settings.capacity_buffers.clone(),
+            buffer_written: Mutex::default(),
             seed_watch: settings
                 .seed_watermarks
                 .then(|| Informer::new("nodescalingwatermarks.redhatcop.redhat.io")),
@@ -286,6 +313,12 @@ impl Controller {
         }
         if let Some(seed) = key.strip_prefix(SEED_KEY_PREFIX) {
             return self.sync_seed(seed).await;
+        }
+        if let Some(buffer) = key.strip_prefix(BUFFER_KEY_PREFIX) {
+            return match &self.buffer_api {
+                Some(api) => self.sync_buffer(buffer, api).await,
+                None => Ok(()),
+            };
         }
         let Some(wm) = self.watermarks.get(key) else {
             debug!("watermark is gone; its objects go with it (owner references)");

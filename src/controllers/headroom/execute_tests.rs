@@ -31,6 +31,7 @@ fn controller() -> (Arc<Controller>, Handle) {
         Settings {
             yield_enabled: true,
             seed_watermarks: true,
+            capacity_buffers: None,
             gates: FeatureGates::default(),
         },
         Stores {

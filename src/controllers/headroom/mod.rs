@@ -16,6 +16,10 @@
 //! it (`watches.rs`), its writes (`execute.rs`), the yield (`yielding.rs`)
 //! and its metrics (`metrics.rs`).
 
+pub mod buffer;
+mod buffer_sync;
+#[cfg(test)]
+mod buffer_tests;
 pub mod controller;
 pub mod desired;
 pub mod devices;
@@ -28,6 +32,8 @@ pub mod plan;
 mod plan_tests;
 pub mod seed;
 mod seed_sync;
+#[cfg(test)]
+mod seed_tests;
 pub mod sizing;
 pub mod status;
 pub mod usage;
@@ -39,5 +45,6 @@ mod yield_choice_tests;
 mod yielding;
 
 /// The room's door: what `app.rs` uses.
+pub use buffer::BufferApi;
 pub use controller::{Controller, Settings, Stores};
 pub use watches::keeps as keeps_pod;

@@ -16,6 +16,21 @@ use super::seed::{self, SeedWatermarkView};
 use crate::runtime::error::{SyncError, kube_err};
 use crate::runtime::store::object_key;
 
+/// Runs `write` unless `slot` already holds `now` (what the object says
+/// since the last write); records `now` once the write went through.
+pub(super) async fn write_once<T: PartialEq>(
+    slot: &mut Option<T>,
+    now: T,
+    write: impl std::future::Future<Output = Result<(), SyncError>>,
+) -> Result<(), SyncError> {
+    if slot.as_ref() == Some(&now) {
+        return Ok(());
+    }
+    write.await?;
+    *slot = Some(now);
+    Ok(())
+}
+
 impl Controller {
     /// Syncs the seed watermark `key` (`namespace/name`).
     pub(super) async fn sync_seed(&self, key: &str) -> Result<(), SyncError> {
@@ -33,18 +48,13 @@ impl Controller {
         let mut written = before.clone();
         let result = self.apply_seed(&wm, &mut written).await;
         let outcome = result.as_ref().map(|_| ()).map_err(ToString::to_string);
-        let status = Some((outcome.clone(), wm.metadata.generation));
-        let status_result = if written.status != status {
-            let write = self
-                .write_seed_status(&wm, outcome.as_ref().map(|_| ()).map_err(String::as_str))
-                .await;
-            if write.is_ok() {
-                written.status = status;
-            }
-            write
-        } else {
-            Ok(())
-        };
+        let status = (outcome.clone(), wm.metadata.generation);
+        let status_result = write_once(
+            &mut written.status,
+            status,
+            self.write_seed_status(&wm, outcome.as_ref().map(|_| ()).map_err(String::as_str)),
+        )
+        .await;
         self.seed_written
             .lock()
             .unwrap()

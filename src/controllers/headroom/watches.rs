@@ -9,7 +9,10 @@ use kube::Api;
 use kube::api::ListParams;
 use tracing::error;
 
-use super::controller::{Controller, PLACEHOLDER_PRIORITY, POD_KEY_PREFIX, SEED_KEY_PREFIX};
+use super::buffer::BufferView;
+use super::controller::{
+    BUFFER_KEY_PREFIX, Controller, PLACEHOLDER_PRIORITY, POD_KEY_PREFIX, SEED_KEY_PREFIX,
+};
 use super::seed::SeedWatermarkView;
 use super::watermark::{WatermarkView, selects};
 use crate::model::views::{ClaimView, NodeView, PodView};
@@ -42,10 +45,22 @@ impl Controller {
                     .await
             }
         };
+        let buffer_events = BufferEvents(&self);
+        let buffers = async {
+            if let (Some(watch), Some(api)) = (&self.buffer_watch, &self.buffer_api) {
+                watch
+                    .run(
+                        Api::<BufferView>::all_with(self.client.clone(), api),
+                        &buffer_events,
+                    )
+                    .await
+            }
+        };
         tokio::join!(
             self.watermark_watch
                 .run(Api::<WatermarkView>::all(self.client.clone()), &events),
             seeds,
+            buffers,
         );
     }
 
@@ -81,6 +96,9 @@ impl Controller {
     pub async fn wait_synced(&self) {
         self.watermark_watch.wait_synced().await;
         if let Some(watch) = &self.seed_watch {
+            watch.wait_synced().await;
+        }
+        if let Some(watch) = &self.buffer_watch {
             watch.wait_synced().await;
         }
         self.synced.wait().await;
@@ -185,6 +203,36 @@ impl Handler<SeedWatermarkView> for SeedEvents<'_> {
             .seed_watermarks
             .delete(&object_key(wm.namespace(), wm.name()));
         self.0.forget_seed(wm.namespace(), wm.name());
+    }
+}
+
+struct BufferEvents<'a>(&'a Controller);
+
+/// CapacityBuffers: kept, and those with our strategy queued on each change.
+impl Handler<BufferView> for BufferEvents<'_> {
+    fn relisted(&self, buffers: Vec<BufferView>) {
+        let entries = buffers
+            .into_iter()
+            .map(|b| (object_key(b.namespace(), b.name()), Arc::new(b)))
+            .collect();
+        for gone in self.0.buffers.replace(entries) {
+            self.0.forget_buffer(gone.namespace(), gone.name());
+        }
+        self.0.enqueue_all();
+    }
+    fn applied(&self, buffer: BufferView) {
+        let key = object_key(buffer.namespace(), buffer.name());
+        let ours = buffer.spec.is_ours();
+        self.0.buffers.apply(key.clone(), Arc::new(buffer));
+        if ours {
+            self.0.enqueue(format!("{BUFFER_KEY_PREFIX}{key}"));
+        }
+    }
+    fn deleted(&self, buffer: BufferView) {
+        self.0
+            .buffers
+            .delete(&object_key(buffer.namespace(), buffer.name()));
+        self.0.forget_buffer(buffer.namespace(), buffer.name());
     }
 }
 
