@@ -197,5 +197,27 @@ async fn capacity_buffers_with_our_strategy_get_placeholder_pods() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(deployments.get("theirs-placeholders").await.is_err());
     assert!(buffers.get("theirs").await.unwrap().data["status"].is_null());
+
+    // Deleting a buffer removes what it made: kube-controller-manager's
+    // garbage collector follows the owner reference.
+    if let Some(kcm) = crate::reference::binary_or_skip(NAME) {
+        let cluster = &t.isolated_env().cluster;
+        let _gc =
+            crate::reference::Reference::start_controllers(&kcm, cluster, &["garbagecollector"])
+                .await
+                .unwrap();
+        buffers
+            .delete("by-template", &Default::default())
+            .await
+            .unwrap();
+        wait_for("the buffer's Deployment collected", WAIT, async || {
+            ensure!(
+                deployments.get("by-template-placeholders").await.is_err(),
+                "still there"
+            );
+            Ok(())
+        })
+        .await;
+    }
     t.finish();
 }
