@@ -2181,3 +2181,44 @@ fn capacity_buffers_bring_their_flag_and_rbac_only_when_asked_for() {
         "the autoscaler owns the CapacityBuffer CRD"
     );
 }
+
+#[test]
+fn the_helm_test_hook_checks_the_release_with_rights_of_its_own() {
+    let off = render_or_skip!(&[]);
+    assert!(all_of_kind(&off, "Pod").is_empty(), "opt-in");
+    let docs = render_or_skip!(&[("helmTest.enabled", "true")]);
+    let pod = one_of_kind(&docs, "Pod");
+    assert_eq!(
+        str_of(&pod["metadata"]["annotations"]["helm.sh/hook"]),
+        "test"
+    );
+    let c = &pod["spec"]["containers"][0];
+    let args = strings(&c["args"]);
+    assert_eq!(args[0], "check-release");
+    assert!(
+        args.iter()
+            .any(|a| a.starts_with("--metrics-url=https://") && a.ends_with(":8080/metrics")),
+        "{args:?}"
+    );
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    // Its own service account, with only what the checks read.
+    let sa = str_of(&pod["spec"]["serviceAccountName"]);
+    let role = all_of_kind(&docs, "Role")
+        .into_iter()
+        .find(|r| str_of(&r["metadata"]["name"]) == sa)
+        .expect("the hook's Role");
+    let verbs: Vec<String> = role["rules"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|r| strings(&r["verbs"]))
+        .collect();
+    assert_eq!(verbs, ["list", "get"]);
+    let metrics = all_of_kind(&docs, "ClusterRoleBinding")
+        .into_iter()
+        .any(|b| {
+            str_of(&b["roleRef"]["name"]).ends_with("-metrics-reader")
+                && str_of(&b["subjects"][0]["name"]) == sa
+        });
+    assert!(metrics, "the hook may read /metrics");
+}

@@ -11,6 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::audit::audit;
 use super::drain::{DEFAULT_FINISHED_GRACE, DrainScope, check, unknown_target};
 use super::read::{ReadError, Reader};
+use super::release;
 use super::report::{AuditScope, DrainCheckReport, Finding, exit};
 use crate::cli::FlagDuration;
 use crate::runtime::client::{
@@ -28,6 +29,32 @@ pub enum Tool {
     /// in the whole cluster, a namespace or one node, with counts per node and driver (exit 0 none,
     /// 2 some, 3 incomplete). Read-only.
     Audit(AuditArgs),
+    /// Check that an installed controller works: its pods are Ready, its Lease is held and renewed, its /metrics answers (exit 0; 1 when a check fails; 3 when the checks could not be made). The chart's `helm test` runs it.
+    CheckRelease(CheckReleaseArgs),
+}
+
+#[derive(Debug, Clone, ClapArgs)]
+pub struct CheckReleaseArgs {
+    /// Namespace of the release (default: the kubeconfig context's, in a pod its service account's).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Label selector of the controller's pods.
+    #[arg(long, default_value = "app.kubernetes.io/name=dra-claim-controller")]
+    pub selector: String,
+    /// Name of the controller's Lease.
+    #[arg(long, default_value = crate::runtime::leader::DEFAULT_LEASE_NAME)]
+    pub lease: String,
+    /// URL of the controller's /metrics, e.g. https://dra-claim-controller-metrics.dra-system.svc:8080/metrics (empty: not checked). Its certificate is not verified: the check is whether it answers.
+    #[arg(long, default_value = "")]
+    pub metrics_url: String,
+    /// Bearer token for /metrics, from this file when it exists (default: the pod's service account token).
+    #[arg(
+        long,
+        default_value = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    )]
+    pub token_file: PathBuf,
+    #[command(flatten)]
+    pub connection: Connection,
 }
 
 /// How to reach the API server: kubectl's connection flags.
@@ -134,6 +161,7 @@ pub async fn run(tool: Tool) -> ExitCode {
     let code = match tool {
         Tool::DrainCheck(args) => drain_check(args).await,
         Tool::Audit(args) => run_audit(args).await,
+        Tool::CheckRelease(args) => check_release(args).await,
     };
     ExitCode::from(code)
 }
@@ -162,8 +190,8 @@ pub fn audit_namespace(args: &AuditArgs, context_namespace: &str) -> Option<Stri
     }
 }
 
-async fn reader(connection: &Connection) -> Result<(Reader, String), u8> {
-    let options = ClientOptions {
+fn connection_options(connection: &Connection) -> ClientOptions {
+    ClientOptions {
         qps: connection.kube_api_qps,
         burst: connection.kube_api_burst,
         kubeconfig: connection.kubeconfig.clone(),
@@ -177,7 +205,11 @@ async fn reader(connection: &Connection) -> Result<(Reader, String), u8> {
             impersonate_groups: connection.impersonate_groups.clone(),
             insecure_skip_tls_verify: connection.insecure_skip_tls_verify,
         },
-    };
+    }
+}
+
+async fn reader(connection: &Connection) -> Result<(Reader, String), u8> {
+    let options = connection_options(connection);
     match build_client(&options, &prometheus::Registry::new()).await {
         Ok((client, _drain)) => {
             let namespace = client.default_namespace().to_string();
@@ -320,6 +352,82 @@ async fn drain_check(args: DrainCheckArgs) -> u8 {
             .min(interval);
         tokio::time::sleep(pause).await;
     }
+}
+
+async fn check_release(args: CheckReleaseArgs) -> u8 {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, ListParams};
+    let options = connection_options(&args.connection);
+    let client = match build_client(&options, &prometheus::Registry::new()).await {
+        Ok((client, _)) => client,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return exit::INCOMPLETE;
+        }
+    };
+    let ns = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default().labels(&args.selector))
+        .await;
+    let lease = Api::<Lease>::namespaced(client.clone(), &ns)
+        .get(&args.lease)
+        .await;
+    let (pods, lease) = match (pods, lease) {
+        (Ok(pods), Ok(lease)) => (pods.items, lease),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("error: the checks could not be made in namespace {ns}: {e}");
+            return exit::INCOMPLETE;
+        }
+    };
+    let mut verdicts = vec![
+        release::pods_ready(&pods, &args.selector),
+        release::lease_held(&lease, Timestamp::now()),
+    ];
+    if !args.metrics_url.is_empty() {
+        let token = std::fs::read_to_string(&args.token_file)
+            .ok()
+            .map(|t| t.trim().to_string());
+        let answer = fetch_metrics(&args.metrics_url, token).await;
+        verdicts.push(release::metrics_answer(&args.metrics_url, answer));
+    }
+    for v in &verdicts {
+        println!("{} {}", if v.ok { "ok:  " } else { "FAIL:" }, v.what);
+    }
+    if verdicts.iter().all(|v| v.ok) {
+        exit::CLEAN
+    } else {
+        exit::BLOCKED
+    }
+}
+
+/// GET `url` with `token` as bearer, the certificate not verified.
+async fn fetch_metrics(url: &str, token: Option<String>) -> Result<String, String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+    let base = format!(
+        "{}://{}",
+        uri.scheme_str().unwrap_or("https"),
+        uri.authority().map(|a| a.as_str()).unwrap_or_default()
+    );
+    let mut config = kube::Config::new(base.parse().map_err(|e| format!("not a URL: {e}"))?);
+    config.accept_invalid_certs = true;
+    if let Some(token) = token {
+        let auth: kube::config::AuthInfo =
+            serde_json::from_value(serde_json::json!({ "token": token }))
+                .map_err(|e| e.to_string())?;
+        config.auth_info.token = auth.token;
+    }
+    let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+    let request = http::Request::get(uri.path())
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    client
+        .request_text(request)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// `read`, bounded by `--request-timeout` (0: unbounded); a read that takes

@@ -6,6 +6,8 @@
 //! - [`placement`]: which node a claim's devices serve;
 //! - [`drain`] and [`audit`]: the two checks, pure, over a [`snapshot`];
 //! - [`read`]: the API reads; [`report`]: table, JSON and exit codes;
+//! - [`release`]: whether an installed controller works (`check-release`,
+//!   the chart's `helm test`);
 //! - [`command`]: the subcommands of both binaries.
 
 pub mod audit;
@@ -13,6 +15,7 @@ pub mod command;
 pub mod drain;
 pub mod placement;
 pub mod read;
+pub mod release;
 pub mod report;
 pub mod snapshot;
 

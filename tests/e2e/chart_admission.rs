@@ -168,3 +168,61 @@ async fn the_crd_upgrades_in_place() {
     );
     t.finish();
 }
+
+/// `check-release` (the chart's `helm test`) against a running controller:
+/// the Lease held and renewed and /metrics answering pass; no pods of the
+/// selector fail; once the controller is gone, its Lease goes stale and
+/// the check says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_release_tells_a_working_controller_from_a_stuck_one() {
+    const NAME: &str = "check_release_tells_a_working_controller_from_a_stuck_one";
+    let Some(mut t) = TestCtx::isolated(NAME, ControllerOpts::default(), 1).await else {
+        return;
+    };
+    let kubeconfig = t.isolated_env().cluster.admin_kubeconfig.clone();
+    let metrics = format!("http://{}/metrics", t.controller().metrics);
+    let check = || {
+        let (kubeconfig, metrics) = (kubeconfig.clone(), metrics.clone());
+        async move {
+            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_dra-claim-controller"))
+                .args(["check-release", "--kubeconfig"])
+                .arg(&kubeconfig)
+                .args([
+                    "-n",
+                    crate::rbac::SYSTEM_NAMESPACE,
+                    "--lease",
+                    crate::rbac::LEASE_NAME,
+                    "--metrics-url",
+                    &metrics,
+                ])
+                .output()
+                .await
+                .unwrap();
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        }
+    };
+    let (code, out) = crate::k8s::wait_for("the Lease held", crate::k8s::TIMEOUT, async || {
+        let (code, out) = check().await;
+        ensure!(out.contains("ok:   Lease"), "{out}");
+        Ok((code, out))
+    })
+    .await;
+    assert!(out.contains("ok:   http://"), "{out}");
+    assert!(
+        out.contains("FAIL: 0 of 0 pod(s)"),
+        "the controller runs as a process here: {out}"
+    );
+    assert_eq!(code, Some(1), "{out}");
+
+    t.replica(0).kill();
+    crate::k8s::wait_for("the Lease stale", crate::k8s::TIMEOUT, async || {
+        let (_, out) = check().await;
+        ensure!(out.contains("FAIL: Lease"), "{out}");
+        Ok(())
+    })
+    .await;
+    t.finish();
+}
