@@ -19,7 +19,8 @@ use crate::controllers::headroom::{
 };
 use crate::controllers::resourceclaim::Controller;
 use crate::model::views::{ClaimView, PodView};
-use crate::runtime::informer::{Handler, Observer, WatchesSynced};
+use crate::runtime::informer::{Handler, Observer};
+use crate::runtime::shared::WatchesSynced;
 use watches::{DeviceObservers, DeviceWatches};
 
 pub mod watches;

@@ -10,7 +10,8 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::Api;
 
 use crate::model::views::{DeviceStores, NodeView};
-use crate::runtime::informer::{Informer, Mirror, Observer};
+use crate::runtime::informer::{Informer, Observer};
+use crate::runtime::shared::Mirror;
 
 /// Who observes each kind.
 #[derive(Default)]

@@ -413,13 +413,13 @@ async fn fetch_metrics(url: &str, token: Option<String>) -> Result<String, Strin
         uri.authority().map(|a| a.as_str()).unwrap_or_default()
     );
     let mut config = kube::Config::new(base.parse().map_err(|e| format!("not a URL: {e}"))?);
-    config.accept_invalid_certs = true;
-    if let Some(token) = token {
-        let auth: kube::config::AuthInfo =
-            serde_json::from_value(serde_json::json!({ "token": token }))
-                .map_err(|e| e.to_string())?;
-        config.auth_info.token = auth.token;
+    ConnectionOverrides {
+        token,
+        insecure_skip_tls_verify: true,
+        ..ConnectionOverrides::default()
     }
+    .apply(&mut config)
+    .map_err(|e| format!("{e:#}"))?;
     let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
     let request = http::Request::get(uri.path())
         .body(Vec::new())

@@ -93,6 +93,27 @@ pub fn parse_list(raw: impl IntoIterator<Item = (String, String)>) -> ResourceLi
         .collect()
 }
 
+/// A resource list as a custom resource writes it (`pausePodSize`,
+/// `limits`: quantities as strings or numbers, any resource name), checked:
+/// the texts as written; a value that is no quantity is refused, naming
+/// `field.<name>`.
+pub fn written_list(
+    field: &str,
+    raw: &BTreeMap<String, serde_json::Value>,
+) -> Result<BTreeMap<String, String>, String> {
+    let mut texts = BTreeMap::new();
+    for (name, value) in raw {
+        let text = match value {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Number(n) => n.to_string(),
+            other => return Err(format!("{field}.{name}: {other} is not a quantity")),
+        };
+        Quantity::parse(&text).map_err(|e| format!("{field}.{name}: {e}"))?;
+        texts.insert(name.clone(), text);
+    }
+    Ok(texts)
+}
+
 /// A container as the requests need it.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]

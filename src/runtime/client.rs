@@ -86,7 +86,7 @@ impl ConnectionOverrides {
     }
 
     /// Puts the overrides over a loaded configuration.
-    fn apply(&self, config: &mut kube::Config) -> anyhow::Result<()> {
+    pub fn apply(&self, config: &mut kube::Config) -> anyhow::Result<()> {
         if let Some(server) = &self.server {
             config.cluster_url = server
                 .parse()

@@ -1,8 +1,8 @@
 //! The controller runtime: what any Kubernetes controller of ours needs,
 //! knowing no DRA type. Client and request budget ([`client`]) over a
 //! transport where no dead connection holds a request ([`transport`]), watches
-//! ([`informer`], in protobuf where a view reads it: [`protobuf`]) feeding
-//! indexed stores ([`store`]), errors that decide
+//! ([`informer`], in protobuf where a view reads it: [`protobuf`]; one watch
+//! shared by several rooms: [`shared`]) feeding indexed stores ([`store`]), errors that decide
 //! retries ([`error`]) by one policy for every worker ([`retry`]), Warning events ([`events`]), holding work through
 //! an API server outage ([`reachability`]), Lease election ([`leader`]),
 //! and the HTTP endpoints with their exposition ([`http`], [`exposition`]),
@@ -21,6 +21,7 @@ pub mod protobuf;
 pub mod reachability;
 pub mod resource;
 pub mod retry;
+pub mod shared;
 pub mod store;
 pub mod tls;
 pub mod transport;

@@ -12,8 +12,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::watermark::{Condition, DEFAULT_PAUSE_IMAGE, DEFAULT_PRIORITY_CLASS};
-use crate::allocate::quantity::Quantity;
-use crate::model::requests::ResourceList;
+use crate::model::requests::{ResourceList, parse_list, written_list};
 use crate::naming::{PLACEHOLDER_GATE, WATERMARK_ENTRY_LABEL, WATERMARK_LABEL};
 use crate::runtime::resource::view_accessors;
 
@@ -118,21 +117,10 @@ impl BufferSpec {
 
     /// `limits`, parsed; or which key does not parse.
     pub fn limits(&self) -> Result<Option<ResourceList>, String> {
-        let Some(limits) = &self.limits else {
-            return Ok(None);
-        };
-        let mut out = ResourceList::new();
-        for (name, value) in limits {
-            let text = match value {
-                Value::String(s) => s.clone(),
-                Value::Number(n) => n.to_string(),
-                other => return Err(format!("spec.limits.{name}: {other} is not a quantity")),
-            };
-            let q = Quantity::parse(&text)
-                .map_err(|e| format!("spec.limits.{name}: {text:?} is not a quantity ({e})"))?;
-            out.insert(name.clone(), q);
-        }
-        Ok(Some(out))
+        self.limits
+            .as_ref()
+            .map(|limits| written_list("spec.limits", limits).map(parse_list))
+            .transpose()
     }
 }
 

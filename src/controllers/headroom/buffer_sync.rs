@@ -14,7 +14,7 @@ use serde_json::Value;
 use tracing::{debug, info};
 
 use super::buffer::{self, BufferApi, BufferView};
-use super::controller::{BUFFER_KEY_PREFIX, BufferWritten, Controller, FIELD_MANAGER};
+use super::controller::{BUFFER_KEY_PREFIX, Controller, DeploymentWritten};
 use super::execute::deployments;
 use super::seed_sync::write_once;
 use crate::model::views::PodView;
@@ -92,7 +92,7 @@ impl Controller {
         &self,
         buf: &BufferView,
         api: &BufferApi,
-        written: &mut BufferWritten,
+        written: &mut DeploymentWritten<u32>,
     ) -> Result<u32, SyncError> {
         let shape = self.shape(buf).await?;
         let requests = requests_of(&shape.template_spec);
@@ -108,19 +108,8 @@ impl Controller {
         let pod = buffer::placeholder_pod(&shape.template_spec, buf.name());
         let body = buffer::deployment(buf, &api.api_version(), pod, replicas);
         if written.deployment.as_ref() != Some(&body) {
-            let ns = buf.namespace();
-            let name = body["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &deployments())
-                .patch(
-                    &name,
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&body),
-                )
-                .await
-                .map_err(kube_err(format!("applying Deployment {ns}/{name}")))?;
+            self.apply(buf.namespace(), &deployments(), &body).await?;
+            let name = body["metadata"]["name"].as_str().unwrap_or_default();
             info!(replicas, deployment = %name, "capacity buffer's placeholders applied");
             written.deployment = Some(body);
         }

@@ -22,9 +22,10 @@ use crate::model::features::FeatureGates as Gates;
 use crate::model::views::{ClaimView, DeviceStores, PodView};
 use crate::runtime::error::SyncError;
 use crate::runtime::events::EventRecorder;
-use crate::runtime::informer::{Informer, WatchesSynced};
+use crate::runtime::informer::Informer;
 use crate::runtime::reachability::Reachability;
 use crate::runtime::retry::requeue;
+use crate::runtime::shared::WatchesSynced;
 use crate::runtime::store::{Store, object_key};
 use crate::workqueue::WorkQueue;
 use serde_json::Value;
@@ -66,21 +67,23 @@ pub(super) struct Written {
     pub(super) observed: Option<Observed>,
 }
 
-/// What the last sync of a CapacityBuffer wrote.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub(super) struct BufferWritten {
+/// What the last sync of a seed watermark or a CapacityBuffer wrote: its
+/// Deployment, and the outcome its status says (`T` on success, or why
+/// not) for which generation. An unchanged sync writes nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct DeploymentWritten<T> {
     pub(super) deployment: Option<Value>,
-    /// The outcome the status says (the count, or why not), and for which
-    /// generation.
-    pub(super) status: Option<(Result<u32, String>, Option<i64>)>,
+    pub(super) status: Option<(Result<T, String>, Option<i64>)>,
 }
 
-/// What the last sync of a seed watermark wrote.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub(super) struct SeedWritten {
-    pub(super) deployment: Option<Value>,
-    /// The outcome the status says, and for which generation.
-    pub(super) status: Option<(Result<(), String>, Option<i64>)>,
+// Not derived: a derive would ask `T: Default`.
+impl<T> Default for DeploymentWritten<T> {
+    fn default() -> Self {
+        DeploymentWritten {
+            deployment: None,
+            status: None,
+        }
+    }
 }
 
 /// The headroom controller.
@@ -105,12 +108,12 @@ pub struct Controller {
     /// The seed operator's watermarks, when served (their own watch).
     pub(super) seed_watermarks: Store<SeedWatermarkView>,
     pub(super) seed_watch: Option<Informer>,
-    pub(super) seed_written: Mutex<HashMap<String, SeedWritten>>,
+    pub(super) seed_written: Mutex<HashMap<String, DeploymentWritten<()>>>,
     /// CapacityBuffers, when served (their own watch).
     pub(super) buffers: Store<BufferView>,
     pub(super) buffer_api: Option<BufferApi>,
     pub(super) buffer_watch: Option<Informer>,
-    pub(super) buffer_written: Mutex<HashMap<String, BufferWritten>>,
+    pub(super) buffer_written: Mutex<HashMap<String, DeploymentWritten<u32>>>,
     pub(super) metrics: Metrics,
     /// `--headroom-yield`.
     pub(super) yield_enabled: bool,

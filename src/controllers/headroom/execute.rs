@@ -36,6 +36,26 @@ fn claim_templates() -> ApiResource {
 }
 
 impl Controller {
+    /// Server-side applies `object` (a `resource` in `ns`, named in its
+    /// metadata) as headroom's field manager, taking its fields over.
+    pub(super) async fn apply(
+        &self,
+        ns: &str,
+        resource: &ApiResource,
+        object: &Value,
+    ) -> Result<(), SyncError> {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, resource)
+            .patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(object),
+            )
+            .await
+            .map_err(kube_err(format!("applying {} {ns}/{name}", resource.kind)))?;
+        Ok(())
+    }
+
     /// Lifts the placeholder gate of this watermark's unbound placeholders,
     /// unless a yield is in flight (then looks again when it can end).
     pub(super) async fn lift_gates(&self, key: &str, wm: &WatermarkView) -> Result<(), SyncError> {
@@ -121,14 +141,7 @@ impl Controller {
                 } else {
                     claim_templates()
                 };
-                Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &resource)
-                    .patch(
-                        &name,
-                        &PatchParams::apply(FIELD_MANAGER).force(),
-                        &Patch::Apply(&object),
-                    )
-                    .await
-                    .map_err(kube_err(format!("applying {kind} {ns}/{name}")))?;
+                self.apply(ns, &resource, &object).await?;
                 match object["spec"]["replicas"].as_u64() {
                     Some(replicas) => info!(object = %id, replicas, "placeholders' object applied"),
                     None => info!(object = %id, "placeholders' object applied"),

@@ -15,8 +15,8 @@ use super::watermark::WatermarkView;
 use crate::model::features::FeatureGates;
 use crate::model::views::{DeviceStores, NodeView, PodView};
 use crate::naming::{PLACEHOLDER_GATE, WATERMARK_ENTRY_LABEL, WATERMARK_LABEL};
-use crate::runtime::informer::WatchesSynced;
 use crate::runtime::reachability::Reachability;
+use crate::runtime::shared::WatchesSynced;
 use crate::runtime::store::Store;
 
 type Handle = mock::Handle<Request<Body>, Response<Body>>;

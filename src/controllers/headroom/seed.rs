@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::watermark::{Condition, DEFAULT_PAUSE_IMAGE, selects};
-use crate::model::requests::{ResourceList, add_into, parse_list};
+use crate::model::requests::{ResourceList, add_into, parse_list, written_list};
 use crate::model::views::{NodeView, PodView};
 use crate::naming::SEED_PLACEHOLDER_LABEL;
 use crate::runtime::resource::{view_accessors, view_resource};
@@ -108,26 +108,14 @@ impl SeedSpec {
                 ("memory".to_string(), "200Mi".to_string()),
             ]));
         };
-        let mut out = BTreeMap::new();
-        for (name, value) in size {
-            let text = match value {
-                Value::String(s) => s.clone(),
-                Value::Number(n) => n.to_string(),
-                other => {
-                    return Err(format!(
-                        "spec.pausePodSize.{name}: {other} is not a quantity"
-                    ));
-                }
-            };
-            let quantity = crate::allocate::quantity::Quantity::parse(&text).map_err(|e| {
-                format!("spec.pausePodSize.{name}: {text:?} is not a quantity ({e})")
-            })?;
+        let out = written_list("spec.pausePodSize", size)?;
+        for (name, quantity) in parse_list(out.clone()) {
             if quantity.sign() <= 0 {
                 return Err(format!(
-                    "spec.pausePodSize.{name}: {text} must be more than zero (a placeholder of size zero holds nothing)"
+                    "spec.pausePodSize.{name}: {} must be more than zero (a placeholder of size zero holds nothing)",
+                    out[&name]
                 ));
             }
-            out.insert(name.clone(), text);
         }
         Ok(out)
     }

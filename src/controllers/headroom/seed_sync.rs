@@ -6,11 +6,11 @@ use std::collections::HashSet;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tracing::{debug, info};
 
-use super::controller::{Controller, FIELD_MANAGER, SeedWritten};
+use super::controller::{Controller, DeploymentWritten};
 use super::execute::deployments;
 use super::seed::{self, SeedWatermarkView};
 use crate::runtime::error::{SyncError, kube_err};
@@ -67,7 +67,7 @@ impl Controller {
     async fn apply_seed(
         &self,
         wm: &SeedWatermarkView,
-        written: &mut SeedWritten,
+        written: &mut DeploymentWritten<()>,
     ) -> Result<u32, SyncError> {
         let size = wm.spec.pause_pod_size().map_err(SyncError::Invalid)?;
         let nodes = self.devices.nodes.list();
@@ -83,15 +83,7 @@ impl Controller {
         let replicas = seed::placeholders(&used, wm.spec.watermark_percentage, &size);
         let body = seed::deployment(wm, &size, replicas);
         if written.deployment.as_ref() != Some(&body) {
-            let ns = wm.namespace();
-            Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &deployments())
-                .patch(
-                    wm.name(),
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&body),
-                )
-                .await
-                .map_err(kube_err(format!("applying Deployment {ns}/{}", wm.name())))?;
+            self.apply(wm.namespace(), &deployments(), &body).await?;
             info!(
                 replicas,
                 nodes = selected.len(),

@@ -17,7 +17,7 @@ use super::seed::SeedWatermarkView;
 use super::watermark::{WatermarkView, selects};
 use crate::model::views::{ClaimView, NodeView, PodView};
 use crate::runtime::informer::{Handler, Observer};
-use crate::runtime::store::object_key;
+use crate::runtime::store::{Store, object_key};
 
 /// The pods headroom keeps of the pod watch: those bound to a node and not
 /// finished (usage), those with claims that have not finished (they may
@@ -33,8 +33,20 @@ impl Controller {
     /// Runs the watermark watch until the process ends.
     pub async fn run_watch(self: Arc<Self>) {
         self.check_crd().await;
-        let events = WatermarkEvents(&self);
-        let seed_events = SeedEvents(&self);
+        let events = Kept {
+            controller: &self,
+            store: &self.watermarks,
+            prefix: "",
+            serves: |_| true,
+            forget: Controller::forget_watermark,
+        };
+        let seed_events = Kept {
+            controller: &self,
+            store: &self.seed_watermarks,
+            prefix: SEED_KEY_PREFIX,
+            serves: |_| true,
+            forget: Controller::forget_seed,
+        };
         let seeds = async {
             if let Some(watch) = &self.seed_watch {
                 watch
@@ -45,7 +57,13 @@ impl Controller {
                     .await
             }
         };
-        let buffer_events = BufferEvents(&self);
+        let buffer_events = Kept {
+            controller: &self,
+            store: &self.buffers,
+            prefix: BUFFER_KEY_PREFIX,
+            serves: |b: &BufferView| b.spec.is_ours(),
+            forget: Controller::forget_buffer,
+        };
         let buffers = async {
             if let (Some(watch), Some(api)) = (&self.buffer_watch, &self.buffer_api) {
                 watch
@@ -104,135 +122,98 @@ impl Controller {
         self.synced.wait().await;
     }
 
-    /// The watermarks a change of `pod` (from `old`) may move: those whose
-    /// placeholder it is, and those whose nodes it is or was bound to.
+    /// The watermarks a change of `pod` (from `old`) may move: ours whose
+    /// placeholder it is, and ours and the seed operator's whose nodes it
+    /// is or was bound to.
     fn touched_by(&self, pod: &PodView, old: Option<&PodView>) -> Vec<String> {
-        let nodes: Vec<Arc<NodeView>> = [Some(pod), old]
-            .into_iter()
-            .flatten()
+        let versions = || [Some(pod), old].into_iter().flatten();
+        let nodes: Vec<Arc<NodeView>> = versions()
             .filter_map(|p| self.devices.nodes.get(p.node_name()?))
             .collect();
-        self.watermarks
+        let on_nodes = |selector: &std::collections::BTreeMap<String, String>| {
+            nodes.iter().any(|n| selects(selector, n.labels()))
+        };
+        let mut keys: Vec<String> = self
+            .watermarks
             .list()
             .iter()
             .filter(|wm| {
-                let placeholder = [Some(pod), old].into_iter().flatten().any(|p| {
+                versions().any(|p| {
                     p.namespace() == wm.namespace() && p.placeholder_of() == Some(wm.name())
-                });
-                placeholder || {
-                    let selector = wm.spec.settle().placement.node_selector;
-                    nodes.iter().any(|n| selects(&selector, n.labels()))
-                }
+                }) || on_nodes(&wm.spec.settle().placement.node_selector)
             })
             .map(|wm| object_key(wm.namespace(), wm.name()))
-            .collect()
+            .collect();
+        keys.extend(
+            self.seed_watermarks
+                .list()
+                .iter()
+                .filter(|wm| on_nodes(&wm.spec.node_selector()))
+                .map(|wm| format!("{SEED_KEY_PREFIX}{}", object_key(wm.namespace(), wm.name()))),
+        );
+        keys
     }
 
     fn pod_changed(&self, pod: &PodView, old: Option<&PodView>) {
         for key in self.touched_by(pod, old) {
             self.enqueue(key);
         }
-        // The seed's watermarks: those whose nodes the pod is or was on.
-        let nodes: Vec<Arc<NodeView>> = [Some(pod), old]
-            .into_iter()
-            .flatten()
-            .filter_map(|p| self.devices.nodes.get(p.node_name()?))
-            .collect();
-        if nodes.is_empty() {
-            return;
-        }
-        for wm in self.seed_watermarks.list() {
-            let selector = wm.spec.node_selector();
-            if nodes.iter().any(|n| selects(&selector, n.labels())) {
-                self.enqueue(format!(
-                    "{SEED_KEY_PREFIX}{}",
-                    object_key(wm.namespace(), wm.name())
-                ));
-            }
-        }
     }
 }
 
-struct WatermarkEvents<'a>(&'a Controller);
-
-impl Handler<WatermarkView> for WatermarkEvents<'_> {
-    fn relisted(&self, watermarks: Vec<WatermarkView>) {
-        let entries = watermarks
-            .into_iter()
-            .map(|w| (object_key(w.namespace(), w.name()), Arc::new(w)))
-            .collect();
-        for gone in self.0.watermarks.replace(entries) {
-            self.0.forget_watermark(gone.namespace(), gone.name());
-        }
-        self.0.enqueue_all();
-    }
-    fn applied(&self, wm: WatermarkView) {
-        let key = object_key(wm.namespace(), wm.name());
-        self.0.watermarks.apply(key.clone(), Arc::new(wm));
-        self.0.enqueue(key);
-    }
-    fn deleted(&self, wm: WatermarkView) {
-        self.0
-            .watermarks
-            .delete(&object_key(wm.namespace(), wm.name()));
-        self.0.forget_watermark(wm.namespace(), wm.name());
-    }
+/// A watch of headroom's own objects (our watermarks, the seed operator's,
+/// CapacityBuffers): kept in `store`; a change queues the object's key
+/// (`prefix` and `namespace/name`) when `serves` says it is ours to serve;
+/// what was kept for an object that is gone is forgotten.
+struct Kept<'a, K> {
+    controller: &'a Controller,
+    store: &'a Store<K>,
+    prefix: &'static str,
+    serves: fn(&K) -> bool,
+    forget: fn(&Controller, &str, &str),
 }
 
-struct SeedEvents<'a>(&'a Controller);
-
-/// The seed operator's watermarks: kept, and queued on each change.
-impl Handler<SeedWatermarkView> for SeedEvents<'_> {
-    fn relisted(&self, watermarks: Vec<SeedWatermarkView>) {
-        let entries = watermarks
-            .into_iter()
-            .map(|w| (object_key(w.namespace(), w.name()), Arc::new(w)))
-            .collect();
-        for gone in self.0.seed_watermarks.replace(entries) {
-            self.0.forget_seed(gone.namespace(), gone.name());
-        }
-        self.0.enqueue_all();
-    }
-    fn applied(&self, wm: SeedWatermarkView) {
-        let key = object_key(wm.namespace(), wm.name());
-        self.0.seed_watermarks.apply(key.clone(), Arc::new(wm));
-        self.0.enqueue(format!("{SEED_KEY_PREFIX}{key}"));
-    }
-    fn deleted(&self, wm: SeedWatermarkView) {
-        self.0
-            .seed_watermarks
-            .delete(&object_key(wm.namespace(), wm.name()));
-        self.0.forget_seed(wm.namespace(), wm.name());
-    }
+/// `namespace/name` of a namespaced object.
+fn key_of<K: kube::Resource>(obj: &K) -> String {
+    let meta = obj.meta();
+    object_key(
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    )
 }
 
-struct BufferEvents<'a>(&'a Controller);
-
-/// CapacityBuffers: kept, and those with our strategy queued on each change.
-impl Handler<BufferView> for BufferEvents<'_> {
-    fn relisted(&self, buffers: Vec<BufferView>) {
-        let entries = buffers
+impl<K: kube::Resource + Send + Sync> Handler<K> for Kept<'_, K> {
+    fn relisted(&self, objects: Vec<K>) {
+        let entries = objects
             .into_iter()
-            .map(|b| (object_key(b.namespace(), b.name()), Arc::new(b)))
+            .map(|o| (key_of(&o), Arc::new(o)))
             .collect();
-        for gone in self.0.buffers.replace(entries) {
-            self.0.forget_buffer(gone.namespace(), gone.name());
+        for gone in self.store.replace(entries) {
+            let meta = gone.meta();
+            (self.forget)(
+                self.controller,
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default(),
+            );
         }
-        self.0.enqueue_all();
+        self.controller.enqueue_all();
     }
-    fn applied(&self, buffer: BufferView) {
-        let key = object_key(buffer.namespace(), buffer.name());
-        let ours = buffer.spec.is_ours();
-        self.0.buffers.apply(key.clone(), Arc::new(buffer));
-        if ours {
-            self.0.enqueue(format!("{BUFFER_KEY_PREFIX}{key}"));
+    fn applied(&self, obj: K) {
+        let key = key_of(&obj);
+        let serves = (self.serves)(&obj);
+        self.store.apply(key.clone(), Arc::new(obj));
+        if serves {
+            self.controller.enqueue(format!("{}{key}", self.prefix));
         }
     }
-    fn deleted(&self, buffer: BufferView) {
-        self.0
-            .buffers
-            .delete(&object_key(buffer.namespace(), buffer.name()));
-        self.0.forget_buffer(buffer.namespace(), buffer.name());
+    fn deleted(&self, obj: K) {
+        self.store.delete(&key_of(&obj));
+        let meta = obj.meta();
+        (self.forget)(
+            self.controller,
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        );
     }
 }
 

@@ -11,8 +11,7 @@ use crate::runtime::resource::{view_accessors, view_resource};
 use serde_json::Value;
 
 use super::sizing::Bounds;
-use crate::allocate::quantity::Quantity;
-use crate::model::requests::{ResourceList, parse_list};
+use crate::model::requests::{ResourceList, parse_list, written_list};
 
 pub const GROUP: &str = "dra-claim-controller.io";
 pub const VERSION: &str = "v1alpha1";
@@ -154,14 +153,6 @@ pub struct Settled {
     pub cpu_memory: Result<CpuMemoryEntry, String>,
 }
 
-fn quantity_text(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
 impl WatermarkSpec {
     /// The spec with the contract's defaults; a pause pod size that does
     /// not parse makes the CPU/memory entry `Err` with the field named.
@@ -206,13 +197,7 @@ impl WatermarkSpec {
             }
         }
         // Every resource name counts (device-plugin GPUs, hugepages, ...).
-        for (resource, value) in &self.pause_pod_size {
-            let text = quantity_text(value).ok_or_else(|| {
-                format!("spec.pausePodSize.{resource} is not a quantity: {value}")
-            })?;
-            Quantity::parse(&text).map_err(|e| format!("spec.pausePodSize.{resource}: {e}"))?;
-            requests.insert(resource.clone(), text);
-        }
+        requests.extend(written_list("spec.pausePodSize", &self.pause_pod_size)?);
         Ok(CpuMemoryEntry {
             percentage: self.watermark_percentage,
             pause: parse_list(requests.clone()),
