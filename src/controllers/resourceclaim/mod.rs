@@ -6,7 +6,8 @@
 //!   `worker.rs` (the worker loop, a span per sync with its reason),
 //!   `resync.rs` (the periodic resync);
 //! - `pod.rs`, `claim.rs`, `podgroup.rs`: the decisions (pure `decide`) and
-//!   their writes (`execute`);
+//!   their writes (`execute`); `entries.rs`: an owner's claims adopted,
+//!   created and recorded, for pod and PodGroup work alike;
 //! - below them: `enqueue.rs` (what wakes what, and why), `cache.rs`,
 //!   `context.rs`, `observe.rs`, `patch.rs`, `metrics.rs`.
 //!
@@ -17,6 +18,7 @@ pub mod cache;
 pub mod claim;
 pub mod context;
 pub mod enqueue;
+pub mod entries;
 pub mod metrics;
 pub mod observe;
 pub mod patch;
