@@ -14,13 +14,13 @@ use std::sync::Arc;
 
 use crate::controllers::allocator::{Controller as Allocator, SharedStores};
 use crate::controllers::headroom::{
-    BufferApi as HeadroomBufferApi, Controller as Headroom, Settings as HeadroomSettings,
-    Stores as HeadroomStores,
+    Controller as Headroom, Settings as HeadroomSettings, Stores as HeadroomStores,
 };
 use crate::controllers::resourceclaim::Controller;
 use crate::model::views::{ClaimView, PodView};
 use crate::runtime::informer::{Handler, Observer};
 use crate::runtime::shared::WatchesSynced;
+use crate::runtime::startup::{PER_TRY_DEADLINE, StartupRead, read_until_answered};
 use watches::{DeviceObservers, DeviceWatches};
 
 pub mod watches;
@@ -212,27 +212,23 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     let mut gates = args.feature_gates.gates;
-    let (release, source) = reference_release(&client, args.reference_release).await?;
-    gates.release = release;
-    info!(release = %release, source, "acting as kube-controller-manager {release}'s resourceclaim-controller");
-    register_release_gauge(&registry, release)?;
-    // PodGroups are read with DRAWorkloadResourceClaims, and in 1.37 also
-    // with GenericWorkload (a pod's group is looked up whatever the other
-    // gate says).
-    let pod_groups_why = if gates.workload_resource_claims {
-        Some("--feature-gates DRAWorkloadResourceClaims=true")
-    } else if release.is_1_37() && gates.generic_workload {
-        Some("--feature-gates GenericWorkload=true (Kubernetes 1.37)")
-    } else {
-        None
-    };
-    let pod_group_api = match pod_groups_why {
-        Some(why) => {
-            Some(crate::controllers::resourceclaim::discover_pod_group_api(&client, why).await?)
+    // Nothing is done under an unknown release: the reads below are retried
+    // until answered (the process live, `/readyz` saying what it waits for),
+    // or until told to stop.
+    let StartupReads {
+        release,
+        pod_group_api,
+        allocate_on_nodes,
+    } = tokio::select! {
+        reads = startup_reads(&client, &args, gates, &health) => reads?,
+        _ = stopped(stop_rx.clone()) => {
+            info!("stopping before start-up reads were answered");
+            servers.wait().await?;
+            return Ok(ExitCode::SUCCESS);
         }
-        None => None,
     };
-    let allocate_on_nodes = declared_nodes(&client, &args.allocate_on_nodes).await?;
+    gates.release = release;
+    register_release_gauge(&registry, release)?;
     // The allocator's declared nodes are created first: the claim
     // controller reads them to know whose claims are allocated here.
     let declared = allocate_on_nodes
@@ -287,18 +283,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     let headroom = if args.controllers.headroom {
-        let capacity_buffers = if args.headroom_capacity_buffers {
-            Some(capacity_buffer_api(&client).await?)
-        } else {
-            None
-        };
         let headroom = Headroom::new(
             client.clone(),
             &registry,
             HeadroomSettings {
                 yield_enabled: args.headroom_yield,
                 seed_watermarks: args.headroom_seed_watermarks,
-                capacity_buffers,
+                capacity_buffers: args.headroom_capacity_buffers,
+                health: health.clone(),
                 gates,
             },
             HeadroomStores {
@@ -390,13 +382,24 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     // A standby may take the lead long after it started, on an upgraded
     // cluster: its rules must be those of the release serving now.
-    if args.reference_release == ReferenceRelease::Auto
-        && let Ok((now, _)) = reference_release(&client_for_version, ReferenceRelease::Auto).await
-        && now != release
-    {
-        warn!(started_as = %release, serving = %now, "the API server's release changed since start; restarting to follow it");
-        leader.release().await;
-        return Ok(ExitCode::from(1));
+    if args.reference_release == ReferenceRelease::Auto {
+        let now = tokio::select! {
+            now = reference_release(&client_for_version, ReferenceRelease::Auto, &health) => now?.0,
+            reason = &mut lost => {
+                error!(reason = %reason, "lost leadership while reading the release; exiting");
+                return Ok(ExitCode::from(1));
+            }
+            _ = stopped(stop_rx.clone()) => {
+                leader.release().await;
+                servers.wait().await?;
+                return Ok(ExitCode::SUCCESS);
+            }
+        };
+        if now != release {
+            warn!(started_as = %release, serving = %now, "the API server's release changed since start; restarting to follow it");
+            leader.release().await;
+            return Ok(ExitCode::from(1));
+        }
     }
     controller.start_leading();
     let mut workers = vec![tokio::spawn(
@@ -486,31 +489,45 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Which CapacityBuffer version the API server serves, newest first.
-async fn capacity_buffer_api(client: &kube::Client) -> anyhow::Result<HeadroomBufferApi> {
-    use crate::controllers::headroom::buffer::{GROUP, PLURAL, VERSIONS};
-    for version in VERSIONS {
-        match client
-            .list_api_group_resources(&format!("{GROUP}/{version}"))
-            .await
-        {
-            Ok(list) if list.resources.iter().any(|r| r.name == PLURAL) => {
-                info!(api_version = %format!("{GROUP}/{version}"), "serving CapacityBuffers with strategy dra-claim-controller.io/placeholder-pods");
-                return Ok(HeadroomBufferApi {
-                    version: version.to_string(),
-                });
-            }
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(e) => anyhow::bail!(
-                "--headroom-capacity-buffers: asking the API server whether it serves {GROUP}/{version} failed: {e}"
-            ),
-        }
-    }
-    anyhow::bail!(
-        "--headroom-capacity-buffers: the API server serves no {GROUP} capacitybuffers: install the \
-         cluster-autoscaler's CapacityBuffer CRD, or drop the flag"
-    )
+/// What start-up must read from the API server before any work.
+struct StartupReads {
+    release: Release,
+    pod_group_api: Option<crate::model::views::PodGroupApi>,
+    allocate_on_nodes: Option<(String, LabelSelector)>,
+}
+
+/// The start-up reads, each retried until answered; an error is a setting
+/// to change (the message says which).
+async fn startup_reads(
+    client: &kube::Client,
+    args: &Args,
+    gates: crate::model::features::FeatureGates,
+    health: &Health,
+) -> anyhow::Result<StartupReads> {
+    let (release, source) = reference_release(client, args.reference_release, health).await?;
+    info!(release = %release, source, "acting as kube-controller-manager {release}'s resourceclaim-controller");
+    // PodGroups are read with DRAWorkloadResourceClaims, and in 1.37 also
+    // with GenericWorkload (a pod's group is looked up whatever the other
+    // gate says).
+    let pod_groups_why = if gates.workload_resource_claims {
+        Some("--feature-gates DRAWorkloadResourceClaims=true")
+    } else if release.is_1_37() && gates.generic_workload {
+        Some("--feature-gates GenericWorkload=true (Kubernetes 1.37)")
+    } else {
+        None
+    };
+    let pod_group_api = match pod_groups_why {
+        Some(why) => Some(
+            crate::controllers::resourceclaim::discover_pod_group_api(client, health, why).await?,
+        ),
+        None => None,
+    };
+    let allocate_on_nodes = declared_nodes(client, &args.allocate_on_nodes, health).await?;
+    Ok(StartupReads {
+        release,
+        pod_group_api,
+        allocate_on_nodes,
+    })
 }
 
 /// The release whose rules apply and where that came from: pinned by the
@@ -518,16 +535,19 @@ async fn capacity_buffer_api(client: &kube::Client) -> anyhow::Result<HeadroomBu
 async fn reference_release(
     client: &kube::Client,
     flag: ReferenceRelease,
+    health: &Health,
 ) -> anyhow::Result<(Release, &'static str)> {
     match flag {
         ReferenceRelease::Pinned(release) => Ok((release, "--reference-release")),
         ReferenceRelease::Auto => {
-            let info = client.apiserver_version().await.map_err(|e| {
-                anyhow::anyhow!(
-                    "--reference-release=auto: reading the API server's version (GET /version) \
-                     failed: {e}; pin the release with --reference-release=1.36 or 1.37"
-                )
-            })?;
+            let read = StartupRead {
+                what: "the API server's version (GET /version) for --reference-release=auto",
+                permission: "get on the non-resource URL /version",
+            };
+            let info = read_until_answered(read, health, PER_TRY_DEADLINE, || {
+                client.apiserver_version()
+            })
+            .await;
             let minor = minor_version(&info.minor).ok_or_else(|| {
                 anyhow::anyhow!(
                     "--reference-release=auto: the API server reports minor version {:?}, which \
@@ -589,6 +609,7 @@ async fn forward_signals(stop: watch::Sender<bool>) {
 async fn declared_nodes(
     client: &kube::Client,
     selector: &str,
+    health: &Health,
 ) -> anyhow::Result<Option<(String, LabelSelector)>> {
     let selector = selector.trim();
     if selector.is_empty() {
@@ -603,29 +624,82 @@ async fn declared_nodes(
     })?;
     let nodes: kube::Api<crate::model::views::NodeView> = kube::Api::all(client.clone());
     let params = kube::api::ListParams::default().labels(selector).limit(1);
-    match nodes.list_metadata(&params).await {
+    let read = StartupRead {
+        what: "the nodes --allocate-on-nodes selects (GET /api/v1/nodes)",
+        permission: "list on nodes",
+    };
+    // A 400 is the API server judging the selector: an answer, not a failure.
+    let listed = read_until_answered(read, health, PER_TRY_DEADLINE, || async {
+        match nodes.list_metadata(&params).await {
+            Ok(list) => Ok(Ok(list)),
+            Err(kube::Error::Api(status)) if status.code == 400 => Ok(Err(status.message)),
+            Err(e) => Err(e),
+        }
+    })
+    .await;
+    match listed {
         Ok(list) => {
             tracing::info!(
                 selector,
-                some_node = list.items.first().and_then(|n| n.metadata.name.as_deref()).unwrap_or("none yet"),
+                some_node = list
+                    .items
+                    .first()
+                    .and_then(|n| n.metadata.name.as_deref())
+                    .unwrap_or("none yet"),
                 "allocating devices for pre-scheduled pods on the nodes this selector matches"
             );
             Ok(Some((selector.to_string(), parsed)))
         }
-        Err(kube::Error::Api(status)) if status.code == 400 => anyhow::bail!(
-            "--allocate-on-nodes={selector:?} is not a valid label selector ({}): use the syntax of \
-             kubectl get nodes -l, e.g. dra.example.com/pre-scheduled=true",
-            status.message
+        Err(message) => anyhow::bail!(
+            "--allocate-on-nodes={selector:?} is not a valid label selector ({message}): use the syntax of \
+             kubectl get nodes -l, e.g. dra.example.com/pre-scheduled=true"
         ),
-        Err(err) => Err(anyhow::anyhow!(err).context(
-            "--allocate-on-nodes: listing the nodes it selects failed (the controller needs list/watch on nodes)",
-        )),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The read a standby makes when it takes the lead: through a 503 and
+    /// a lost answer, it comes back with the release served now.
+    #[tokio::test(start_paused = true)]
+    async fn the_release_is_read_again_through_faults() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let health = Health::default();
+        let read = tokio::spawn({
+            let health = health.clone();
+            async move { reference_release(&client, ReferenceRelease::Auto, &health).await }
+        });
+        let respond = |status: u16, body: serde_json::Value| {
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                .unwrap()
+        };
+        let (_, send) = handle.next_request().await.unwrap();
+        send.send_response(respond(
+            503,
+            serde_json::json!({"kind": "Status", "code": 503, "message": "unavailable"}),
+        ));
+        // Never answered: the try's deadline ends it.
+        let (_, lost) = handle.next_request().await.unwrap();
+        let (request, send) = handle.next_request().await.unwrap();
+        assert_eq!(request.uri().path(), "/version");
+        send.send_response(respond(
+            200,
+            serde_json::json!({"major": "1", "minor": "36+", "gitVersion": "v1.36.2", "gitCommit": "",
+                               "gitTreeState": "", "buildDate": "", "goVersion": "", "compiler": "",
+                               "platform": "linux/amd64"}),
+        ));
+        let (release, source) = read.await.unwrap().unwrap();
+        assert_eq!(release, Release::V1_36);
+        assert_eq!(source, "the API server's version");
+        drop(lost);
+    }
 
     #[test]
     fn minor_versions() {

@@ -332,14 +332,23 @@ fn inconsistent_leader_election_durations_fail() {
 // RBAC
 // ---------------------------------------------------------------------------
 
-/// (apiGroup, resource) -> verbs, with an error on duplicate or odd rules.
+/// Marks a non-resource URL among the (apiGroup, resource) keys.
+const NON_RESOURCE: &str = "nonResourceURL";
+
+/// (apiGroup, resource) -> verbs, with an error on duplicate or odd rules;
+/// a non-resource URL is keyed (NON_RESOURCE, url).
 fn rules_by_resource(role: &Value) -> BTreeMap<(String, String), BTreeSet<String>> {
     let mut out: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
     for rule in role["rules"].as_sequence().expect("rules") {
-        assert!(
-            rule["nonResourceURLs"].is_null(),
-            "nonResourceURLs in {rule:?}"
-        );
+        for url in strings(&rule["nonResourceURLs"]) {
+            assert!(
+                rule["apiGroups"].is_null(),
+                "URLs and resources mixed in {rule:?}"
+            );
+            out.entry((NON_RESOURCE.to_string(), url))
+                .or_default()
+                .extend(strings(&rule["verbs"]));
+        }
         for group in strings(&rule["apiGroups"]) {
             for resource in strings(&rule["resources"]) {
                 out.entry((group.clone(), resource))
@@ -383,7 +392,34 @@ fn expected_cluster_rules() -> BTreeMap<(String, String), BTreeSet<String>> {
             verbs.iter().map(|v| v.to_string()).collect(),
         )
     })
+    .chain(
+        start_up_urls()
+            .into_iter()
+            .map(|url| ((NON_RESOURCE.to_string(), url), ["get".to_string()].into())),
+    )
     .collect()
+}
+
+/// The non-resource URLs the process reads at start and takeover, from the
+/// code's own constants: `/version`, and each API version it may discover
+/// (PodGroups, headroom's front doors).
+fn start_up_urls() -> Vec<String> {
+    use dra_claim_controller::controllers::headroom::{buffer, seed, watermark};
+    use dra_claim_controller::model::views::PodGroupApi;
+    let mut urls = vec!["/version".to_string()];
+    urls.extend(
+        PodGroupApi::VERSIONS
+            .iter()
+            .map(|v| format!("/apis/{}/{v}", PodGroupApi::GROUP)),
+    );
+    urls.push(format!("/apis/{}/{}", watermark::GROUP, watermark::VERSION));
+    urls.push(format!("/apis/{}/{}", seed::GROUP, seed::VERSION));
+    urls.extend(
+        buffer::VERSIONS
+            .iter()
+            .map(|v| format!("/apis/{}/{v}", buffer::GROUP)),
+    );
+    urls
 }
 
 #[test]

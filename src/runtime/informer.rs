@@ -7,7 +7,7 @@
 //! once on either side, and pages of 500 where it does not.
 //!
 //! Liveness is part of the shape (see [`watch_config`] and
-//! [`WatchBackoff`]): a silent stream is replaced within a bound, and a
+//! [`Backoff`]): a silent stream is replaced within a bound, and a
 //! failed watch is retried within seconds.
 
 use std::fmt::Debug;
@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::protobuf::{self, EventStream, FromProtobuf};
+use super::retry::Backoff;
 
 /// What a watch's events do.
 pub trait Handler<K>: Send + Sync {
@@ -82,7 +83,7 @@ impl Informer {
     }
 
     /// Watches `api` and feeds `handler` until the process ends. Watch
-    /// errors are retried with [`WatchBackoff`]; a 410 Gone relists.
+    /// errors are retried with [`Backoff`]; a 410 Gone relists.
     pub async fn run<K>(&self, api: Api<K>, handler: &impl Handler<K>)
     where
         K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
@@ -130,7 +131,7 @@ impl Informer {
             protobuf_events,
             protobuf_off: Arc::new(AtomicBool::new(false)),
         };
-        let mut backoff = WatchBackoff::default();
+        let mut backoff = Backoff::default();
         let mut streaming = true;
         loop {
             let mut listed = if streaming {
@@ -318,7 +319,7 @@ where
     /// Watches from `resource_version` on, re-watching from the last version
     /// seen whenever a stream ends, fails or goes silent, until the server
     /// no longer has that version (410 Gone): then the caller relists.
-    async fn follow(&self, mut resource_version: String, backoff: &mut WatchBackoff) {
+    async fn follow(&self, mut resource_version: String, backoff: &mut Backoff) {
         let Watch {
             config, handler, ..
         } = self;
@@ -524,42 +525,6 @@ pub fn watch_config() -> watcher::Config {
         .timeout(timeout)
 }
 
-/// First pause before re-watching after a watch failed.
-const WATCH_BACKOFF_MIN: Duration = Duration::from_millis(250);
-/// Longest pause. kube-runtime's default grows to 30 s, so after an API
-/// server outage the caches could stay stale for half a minute after it
-/// answered again; a few watch attempts every 4 s cost next to nothing.
-const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(4);
-
-/// Pauses between failed watch attempts: doubling from
-/// [`WATCH_BACKOFF_MIN`] to [`WATCH_BACKOFF_MAX`] with ±20 % jitter, back to
-/// the start once a watch delivers.
-#[derive(Debug)]
-pub struct WatchBackoff {
-    next: Duration,
-}
-
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        WatchBackoff {
-            next: WATCH_BACKOFF_MIN,
-        }
-    }
-}
-
-impl WatchBackoff {
-    pub fn next_pause(&mut self) -> Duration {
-        use rand::Rng;
-        let pause = self.next.mul_f64(rand::rng().random_range(0.8..1.2));
-        self.next = (self.next * 2).min(WATCH_BACKOFF_MAX);
-        pause
-    }
-
-    pub fn reset(&mut self) {
-        self.next = WATCH_BACKOFF_MIN;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -573,17 +538,6 @@ mod tests {
             assert!((8..=10).contains(&timeout), "{timeout}");
             assert!(timeout + WATCH_IDLE_MARGIN_SECS <= SILENT_STREAM_BOUND_SECS);
         }
-    }
-
-    #[test]
-    fn backoff_doubles_to_its_cap_and_resets() {
-        let mut b = WatchBackoff::default();
-        let pauses: Vec<Duration> = (0..8).map(|_| b.next_pause()).collect();
-        assert!(pauses[0] >= Duration::from_millis(200) && pauses[0] <= Duration::from_millis(300));
-        assert!(pauses.iter().all(|p| *p <= WATCH_BACKOFF_MAX.mul_f64(1.2)));
-        assert!(pauses[7] >= WATCH_BACKOFF_MAX.mul_f64(0.8));
-        b.reset();
-        assert!(b.next_pause() <= Duration::from_millis(300));
     }
 
     /// Request-level tests of the watch loop against a mock API server.

@@ -4,7 +4,8 @@
 //! ([`informer`], in protobuf where a view reads it: [`protobuf`]; one watch
 //! shared by several rooms: [`shared`]) feeding indexed stores ([`store`]), errors that decide
 //! retries ([`error`]) by one policy for every worker ([`retry`]), Warning events ([`events`]), holding work through
-//! an API server outage ([`reachability`]), Lease election ([`leader`]),
+//! an API server outage ([`reachability`]), reads start-up cannot do without,
+//! retried instead of fatal ([`startup`]), Lease election ([`leader`]),
 //! and the HTTP endpoints with their exposition ([`http`], [`exposition`]),
 //! their certificate ([`tls`]) and who may read them ([`delegated`]).
 
@@ -22,6 +23,7 @@ pub mod reachability;
 pub mod resource;
 pub mod retry;
 pub mod shared;
+pub mod startup;
 pub mod store;
 pub mod tls;
 pub mod transport;

@@ -99,6 +99,43 @@ where
     retry
 }
 
+/// First pause after a failed attempt (a watch, or a read the process
+/// needs before it can work).
+const BACKOFF_MIN: Duration = Duration::from_millis(250);
+/// Longest pause. kube-runtime's default grows to 30 s, so after an API
+/// server outage the caches could stay stale (or start-up wait) for half a
+/// minute after it answered again; an attempt every 4 s costs next to
+/// nothing.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(4);
+
+/// Pauses between failed attempts of one request that is repeated until it
+/// succeeds (a watch, a start-up read): doubling from [`BACKOFF_MIN`] to
+/// [`BACKOFF_MAX`] with ±20 % jitter, back to the start after a success.
+/// Work items back off in their queue's rate limiter instead.
+#[derive(Debug)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { next: BACKOFF_MIN }
+    }
+}
+
+impl Backoff {
+    pub fn next_pause(&mut self) -> Duration {
+        use rand::Rng;
+        let pause = self.next.mul_f64(rand::rng().random_range(0.8..1.2));
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        pause
+    }
+
+    pub fn reset(&mut self) {
+        self.next = BACKOFF_MIN;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,6 +144,17 @@ mod tests {
         kube::Error::Api(Box::new(
             serde_json::from_value(serde_json::json!({"code": code, "message": "m"})).unwrap(),
         ))
+    }
+
+    #[test]
+    fn backoff_doubles_to_its_cap_and_resets() {
+        let mut b = Backoff::default();
+        let pauses: Vec<Duration> = (0..8).map(|_| b.next_pause()).collect();
+        assert!(pauses[0] >= Duration::from_millis(200) && pauses[0] <= Duration::from_millis(300));
+        assert!(pauses.iter().all(|p| *p <= BACKOFF_MAX.mul_f64(1.2)));
+        assert!(pauses[7] >= BACKOFF_MAX.mul_f64(0.8));
+        b.reset();
+        assert!(b.next_pause() <= Duration::from_millis(300));
     }
 
     #[test]

@@ -409,3 +409,66 @@ async fn finish_proxied_batch(
     );
     t.finish();
 }
+
+/// The reads start-up cannot do without are retried, not fatal: with every
+/// `GET /version` answered 503, then one held until its deadline, the
+/// process stays up (no restart), records no claim under an unknown
+/// release, and records the waiting pod's claim once `/version` answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_waits_out_a_failing_version_read() {
+    const NAME: &str = "start_up_waits_out_a_failing_version_read";
+    let Some(mut t) = TestCtx::isolated(NAME, ControllerOpts::default(), 0).await else {
+        return;
+    };
+    t.create_template("gpu-template").await;
+    t.create_pod("early", &[("gpu", Source::Template("gpu-template"))], None)
+        .await;
+    let plan = FaultPlan {
+        unavailable: 1000,
+        only: vec!["/version".into()],
+        ..FaultPlan::default()
+    };
+    let started = Instant::now();
+    let proxy = controller_behind_proxy(&mut t, plan).await;
+    wait_for(
+        "three refused /version reads",
+        Duration::from_secs(30),
+        async || {
+            let refused = proxy.counts().unavailable;
+            ensure!(refused >= 3, "{refused} so far");
+            Ok(())
+        },
+    )
+    .await;
+    let pod = t.pods().get("early").await.unwrap();
+    assert!(
+        pod.status
+            .and_then(|s| s.resource_claim_statuses)
+            .unwrap_or_default()
+            .is_empty(),
+        "no work is done before the release is known"
+    );
+    // One try held without an answer: it ends at its deadline.
+    proxy.block(http::Method::GET, "/version");
+    proxy.set_enabled(false);
+    wait_for(
+        "a held /version read",
+        Duration::from_secs(30),
+        async || {
+            ensure!(proxy.blocked_requests() >= 1);
+            Ok(())
+        },
+    )
+    .await;
+    proxy.unblock();
+    t.wait_recorded("early", &["gpu"]).await;
+    let took = started.elapsed();
+    let restarts = t.restarts();
+    println!(
+        "START-UP: {NAME}: {} refused and 1 held /version read(s), claim recorded {:.1} s after start, {restarts} restart(s)",
+        proxy.counts().unavailable,
+        took.as_secs_f64()
+    );
+    assert_eq!(restarts, 0, "the process never exited");
+    t.finish();
+}

@@ -64,7 +64,7 @@ pub(crate) async fn install_crd(admin: &kube::Client) {
 }
 
 /// A node `name` with label `pool=<pool>`.
-async fn node_in_pool(admin: &kube::Client, name: &str, pool: &str) {
+pub(crate) async fn node_in_pool(admin: &kube::Client, name: &str, pool: &str) {
     crate::nodes::create_schedulable_node(admin, name)
         .await
         .unwrap();
@@ -638,7 +638,10 @@ async fn placeholders_yield_their_devices_to_a_waiting_pod() {
         return;
     };
     let node = wait_for("the pod to bind after a yield", WAIT, async || {
-        bound_to(&pods, "job").await?.context("not bound yet")
+        if let Some(node) = bound_to(&pods, "job").await? {
+            return Ok(node);
+        }
+        anyhow::bail!("not bound yet; {}", yield_state(&pods).await?)
     })
     .await;
     assert_eq!(node, "gpu-1");
@@ -670,6 +673,28 @@ async fn placeholders_yield_their_devices_to_a_waiting_pod() {
         "the event names the node"
     );
     t.finish();
+}
+
+/// What a yield that did not happen left behind, to tell a missed yield
+/// (both placeholders there) from a scheduler that has not retried yet.
+async fn yield_state(pods: &Api<Pod>) -> anyhow::Result<String> {
+    let mut left = Vec::new();
+    for name in ["pool-gpu-a", "pool-gpu-b"] {
+        if pods.get_opt(name).await?.is_some() {
+            left.push(name);
+        }
+    }
+    let job = pods.get("job").await?;
+    let scheduled = job
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "PodScheduled")
+        .map(|c| format!("{}/{}", c.status, c.reason.unwrap_or_default()));
+    Ok(format!(
+        "placeholders left {left:?}, the pod's PodScheduled {scheduled:?}"
+    ))
 }
 
 /// `--headroom-yield=false`: the same pod stays Pending, which is

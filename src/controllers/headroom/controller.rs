@@ -5,13 +5,14 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use prometheus::Registry;
 use tracing::{Instrument, debug, info, info_span};
 
 use super::buffer::{BufferApi, BufferView};
+use super::doors::Door;
 use super::metrics::Metrics;
 use super::plan::{Plan, Snapshot};
 use super::seed::SeedWatermarkView;
@@ -22,7 +23,7 @@ use crate::model::features::FeatureGates as Gates;
 use crate::model::views::{ClaimView, DeviceStores, PodView};
 use crate::runtime::error::SyncError;
 use crate::runtime::events::EventRecorder;
-use crate::runtime::informer::Informer;
+use crate::runtime::http::Health;
 use crate::runtime::reachability::Reachability;
 use crate::runtime::retry::requeue;
 use crate::runtime::shared::WatchesSynced;
@@ -43,9 +44,11 @@ pub struct Settings {
     /// `--headroom-seed-watermarks`: also serve the seed operator's
     /// watermarks.
     pub seed_watermarks: bool,
-    /// `--headroom-capacity-buffers`: the served CapacityBuffer version,
-    /// whose buffers with our strategy get placeholder pods.
-    pub capacity_buffers: Option<BufferApi>,
+    /// `--headroom-capacity-buffers`: CapacityBuffers with our strategy get
+    /// placeholder pods (in the version the cluster serves, once it does).
+    pub capacity_buffers: bool,
+    /// Where the front doors say whether they are open (`/readyz`).
+    pub health: Health,
     /// The allocation features the yield's allocator may use.
     pub gates: Gates,
 }
@@ -86,6 +89,44 @@ impl<T> Default for DeploymentWritten<T> {
     }
 }
 
+/// The placeholders of one front door's object: a NodeScalingWatermark of
+/// ours or a CapacityBuffer with our strategy. The one rule for "a
+/// placeholder of ours": the placeholder label ([`crate::naming::WATERMARK_LABEL`])
+/// with this value, in this namespace. Every sync of a door ends by lifting
+/// the gates of its placeholders ([`Controller::sync`]), so no door can
+/// leave them gated. (The seed operator's placeholders carry no claims and
+/// no gate.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Placeholders {
+    pub(super) namespace: String,
+    pub(super) label: String,
+}
+
+impl Placeholders {
+    /// The placeholders of the door object behind a queue key (none for a
+    /// seed watermark or a pod).
+    pub(super) fn of_key(key: &str) -> Option<Placeholders> {
+        if key.starts_with(POD_KEY_PREFIX) || key.starts_with(SEED_KEY_PREFIX) {
+            return None;
+        }
+        let (label_of, object): (fn(&str) -> String, &str) =
+            match key.strip_prefix(BUFFER_KEY_PREFIX) {
+                Some(buffer) => (super::buffer::placeholder_label, buffer),
+                None => (str::to_string, key),
+            };
+        let (namespace, name) = object.split_once('/')?;
+        Some(Placeholders {
+            namespace: namespace.to_string(),
+            label: label_of(name),
+        })
+    }
+
+    /// Whether `pod` is one of these placeholders.
+    pub(super) fn holds(&self, pod: &PodView) -> bool {
+        pod.namespace() == self.namespace && pod.placeholder_of() == Some(self.label.as_str())
+    }
+}
+
 /// The headroom controller.
 pub struct Controller {
     pub(super) client: kube::Client,
@@ -103,16 +144,18 @@ pub struct Controller {
     /// Whether the process's watches have their first lists in.
     pub(super) synced: WatchesSynced,
     pub(super) written: Mutex<HashMap<String, Written>>,
-    /// The one watch headroom runs itself: only it reads watermarks.
-    pub(super) watermark_watch: Informer,
-    /// The seed operator's watermarks, when served (their own watch).
+    /// Our watermarks' door, whose watch only headroom runs.
+    pub(super) watermark_door: Door,
+    /// The seed operator's watermarks, when served (their own door).
     pub(super) seed_watermarks: Store<SeedWatermarkView>,
-    pub(super) seed_watch: Option<Informer>,
+    pub(super) seed_door: Option<Door>,
     pub(super) seed_written: Mutex<HashMap<String, DeploymentWritten<()>>>,
-    /// CapacityBuffers, when served (their own watch).
+    /// CapacityBuffers, when served (their own door; the version once the
+    /// door opened).
     pub(super) buffers: Store<BufferView>,
-    pub(super) buffer_api: Option<BufferApi>,
-    pub(super) buffer_watch: Option<Informer>,
+    pub(super) buffer_api: OnceLock<BufferApi>,
+    pub(super) buffer_door: Option<Door>,
+    pub(super) health: Health,
     pub(super) buffer_written: Mutex<HashMap<String, DeploymentWritten<u32>>>,
     pub(super) metrics: Metrics,
     /// `--headroom-yield`.
@@ -196,19 +239,38 @@ impl Controller {
             claims: stores.claims,
             synced: stores.synced,
             written: Mutex::default(),
-            watermark_watch: Informer::new("nodescalingwatermarks"),
+            watermark_door: Door::new(
+                super::watermark::GROUP,
+                &[super::watermark::VERSION],
+                "nodescalingwatermarks",
+                "nodescalingwatermarks.dra-claim-controller.io",
+                "apply charts/dra-claim-controller/crds/nodescalingwatermarks.yaml (helm install does), \
+                 or drop headroom from --controllers",
+            ),
             seed_watermarks: Store::new(Vec::new()),
             seed_written: Mutex::default(),
             buffers: Store::new(Vec::new()),
-            buffer_watch: settings
-                .capacity_buffers
-                .is_some()
-                .then(|| Informer::new("capacitybuffers")),
-            buffer_api: settings.capacity_buffers.clone(),
+            buffer_door: settings.capacity_buffers.then(|| {
+                Door::new(
+                    super::buffer::GROUP,
+                    &super::buffer::VERSIONS,
+                    super::buffer::PLURAL,
+                    "capacitybuffers.autoscaling.x-k8s.io",
+                    "install the cluster-autoscaler's CapacityBuffer CRD, or drop --headroom-capacity-buffers",
+                )
+            }),
+            buffer_api: OnceLock::new(),
+            health: settings.health.clone(),
             buffer_written: Mutex::default(),
-            seed_watch: settings
-                .seed_watermarks
-                .then(|| Informer::new("nodescalingwatermarks.redhatcop.redhat.io")),
+            seed_door: settings.seed_watermarks.then(|| {
+                Door::new(
+                    super::seed::GROUP,
+                    &[super::seed::VERSION],
+                    "nodescalingwatermarks",
+                    "nodescalingwatermarks.redhatcop.redhat.io",
+                    "install the chart with headroom.seedOperator.enabled=true, or drop --headroom-seed-watermarks",
+                )
+            }),
             metrics: Metrics::register(registry)?,
         }))
     }
@@ -309,16 +371,47 @@ impl Controller {
         }
     }
 
+    /// The queue key of the door object whose placeholder `pod` is: a
+    /// watermark of ours (`namespace/name`) or a CapacityBuffer
+    /// (`buffer:namespace/name`).
+    pub(super) fn door_key_of(&self, pod: &PodView) -> Option<String> {
+        let label = pod.placeholder_of()?;
+        if pod.placeholder_entry() == Some(super::buffer::BUFFER_ENTRY) {
+            return self
+                .buffers
+                .list()
+                .iter()
+                .find(|b| {
+                    b.namespace() == pod.namespace()
+                        && super::buffer::placeholder_label(b.name()) == label
+                })
+                .map(|b| format!("{BUFFER_KEY_PREFIX}{}", object_key(b.namespace(), b.name())));
+        }
+        Some(object_key(pod.namespace(), label))
+    }
+
+    /// One sync of `key`: a pod waiting for devices gets its yield; a door's
+    /// object (watermark, seed watermark, buffer) its placeholders, whose
+    /// gates are then lifted, the same way for every door.
     pub(super) async fn sync(&self, key: &str) -> Result<(), SyncError> {
         self.prune_yields();
         if let Some(pod) = key.strip_prefix(POD_KEY_PREFIX) {
             return self.yield_for(pod).await;
         }
+        self.sync_door(key).await?;
+        match Placeholders::of_key(key) {
+            Some(placeholders) => self.lift_gates(key, &placeholders).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The placeholders' objects and status of a door's object.
+    async fn sync_door(&self, key: &str) -> Result<(), SyncError> {
         if let Some(seed) = key.strip_prefix(SEED_KEY_PREFIX) {
             return self.sync_seed(seed).await;
         }
         if let Some(buffer) = key.strip_prefix(BUFFER_KEY_PREFIX) {
-            return match &self.buffer_api {
+            return match self.buffer_api.get() {
                 Some(api) => self.sync_buffer(buffer, api).await,
                 None => Ok(()),
             };
@@ -356,6 +449,6 @@ impl Controller {
             .insert(key.to_string(), written);
         result?;
         self.yields_unwritten.lock().unwrap().remove(key);
-        self.lift_gates(key, &wm).await
+        Ok(())
     }
 }

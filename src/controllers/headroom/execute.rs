@@ -14,7 +14,7 @@ use kube::api::{
 use serde_json::{Value, json};
 use tracing::{debug, info};
 
-use super::controller::{Controller, FIELD_MANAGER, Written};
+use super::controller::{Controller, FIELD_MANAGER, Placeholders, Written};
 use super::desired::PLACEHOLDER_GATE;
 use super::status::{Observed, conditions, status_patch};
 use super::watermark::{WatermarkView, carry_transitions};
@@ -56,19 +56,15 @@ impl Controller {
         Ok(())
     }
 
-    /// Lifts the placeholder gate of this watermark's unbound placeholders,
-    /// unless a yield is in flight (then looks again when it can end).
-    pub(super) async fn lift_gates(&self, key: &str, wm: &WatermarkView) -> Result<(), SyncError> {
+    /// Lifts the placeholder gate of the unbound placeholders of one front
+    /// door's object (`door`: its namespace and placeholder label), unless a
+    /// yield is in flight (then looks at `key` again when it can end).
+    pub(super) async fn lift_gates(&self, key: &str, door: &Placeholders) -> Result<(), SyncError> {
         let gated: Vec<(String, usize)> = self
             .pods
             .list()
             .iter()
-            .filter(|p| {
-                p.namespace() == wm.namespace()
-                    && p.placeholder_of() == Some(wm.name())
-                    && p.node_name().is_none()
-                    && !p.is_deleting()
-            })
+            .filter(|p| door.holds(p) && p.node_name().is_none() && !p.is_deleting())
             .filter_map(|p| Some((p.name().to_string(), p.spec.placeholder_gate?)))
             .collect();
         if gated.is_empty() {
@@ -84,7 +80,7 @@ impl Controller {
                 .add_after(key.to_string(), hold + Duration::from_millis(100));
             return Ok(());
         }
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), wm.namespace());
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &door.namespace);
         for (name, index) in &gated {
             // Guarded by the gate's name at that index: a pod whose gates
             // changed meanwhile fails the test and is looked at again.
@@ -103,7 +99,7 @@ impl Controller {
                     return Err(SyncError::kube(
                         format!(
                             "lifting scheduling gate {PLACEHOLDER_GATE} of placeholder pod {}/{name}",
-                            wm.namespace()
+                            door.namespace
                         ),
                         err,
                     ));

@@ -31,7 +31,8 @@ fn controller() -> (Arc<Controller>, Handle) {
         Settings {
             yield_enabled: true,
             seed_watermarks: true,
-            capacity_buffers: None,
+            capacity_buffers: false,
+            health: crate::runtime::http::Health::default(),
             gates: FeatureGates::default(),
         },
         Stores {
@@ -168,8 +169,8 @@ async fn gates_are_lifted_by_a_guarded_json_patch() {
     let lift = tokio::spawn({
         let controller = controller.clone();
         async move {
-            let wm = controller.watermarks.get(KEY).unwrap();
-            controller.lift_gates(KEY, &wm).await
+            let placeholders = super::controller::Placeholders::of_key(KEY).unwrap();
+            controller.lift_gates(KEY, &placeholders).await
         }
     });
     let (method, uri, body) = expect(&mut handle, 200, json!({})).await;

@@ -14,6 +14,9 @@ pub(super) struct Metrics {
     placeholders: IntGaugeVec,
     devices: IntGaugeVec,
     pub(super) yields: IntCounterVec,
+    /// `dra_headroom_door_served{door}`: 1 while a front door's CRD is
+    /// served, 0 while it is not.
+    pub(super) door_served: IntGaugeVec,
     /// The entries each watermark (`namespace/name`) has series for.
     series: Mutex<HashMap<(String, String), Vec<String>>>,
 }
@@ -42,6 +45,14 @@ impl Metrics {
             ),
             &["namespace", "watermark"],
         )?;
+        let door_served = IntGaugeVec::new(
+            Opts::new(
+                "dra_headroom_door_served",
+                "Whether the API server serves a headroom front door's CRD (1) or not (0, the door is closed until it is installed), by CRD name.",
+            ),
+            &["door"],
+        )?;
+        registry.register(Box::new(door_served.clone()))?;
         registry.register(Box::new(placeholders.clone()))?;
         registry.register(Box::new(devices.clone()))?;
         registry.register(Box::new(yields.clone()))?;
@@ -49,6 +60,7 @@ impl Metrics {
             placeholders,
             devices,
             yields,
+            door_served,
             series: Mutex::default(),
         })
     }

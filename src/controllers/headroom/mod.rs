@@ -12,7 +12,8 @@
 //! ([`yield_choice`]), and everything a watermark wants from a snapshot of
 //! the stores ([`plan`]).
 //!
-//! Around them: the [`controller`] (state, queue, worker, sync), what wakes
+//! Around them: the [`controller`] (state, queue, worker, sync), its front
+//! doors, each open once its CRD is served (`doors.rs`), what wakes
 //! it (`watches.rs`), its writes (`execute.rs`), the yield (`yielding.rs`)
 //! and its metrics (`metrics.rs`).
 
@@ -23,6 +24,7 @@ mod buffer_tests;
 pub mod controller;
 pub mod desired;
 pub mod devices;
+mod doors;
 mod execute;
 #[cfg(test)]
 mod execute_tests;
@@ -45,6 +47,5 @@ mod yield_choice_tests;
 mod yielding;
 
 /// The room's door: what `app.rs` uses.
-pub use buffer::BufferApi;
 pub use controller::{Controller, Settings, Stores};
 pub use watches::keeps as keeps_pod;

@@ -6,10 +6,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::Api;
-use kube::api::ListParams;
-use tracing::error;
+use tracing::info;
 
-use super::buffer::BufferView;
+use super::buffer::{BufferApi, BufferView};
 use super::controller::{
     BUFFER_KEY_PREFIX, Controller, PLACEHOLDER_PRIORITY, POD_KEY_PREFIX, SEED_KEY_PREFIX,
 };
@@ -30,15 +29,23 @@ pub fn keeps(pod: &PodView) -> bool {
 }
 
 impl Controller {
-    /// Runs the watermark watch until the process ends.
+    /// Runs the front doors' watches until the process ends, each once
+    /// its CRD is served (`doors.rs`).
     pub async fn run_watch(self: Arc<Self>) {
-        self.check_crd().await;
+        let served = &self.metrics.door_served;
         let events = Kept {
             controller: &self,
             store: &self.watermarks,
             prefix: "",
             serves: |_| true,
             forget: Controller::forget_watermark,
+        };
+        let ours = async {
+            let door = &self.watermark_door;
+            door.opened(&self.client, &self.health, served).await;
+            door.watch
+                .run(Api::<WatermarkView>::all(self.client.clone()), &events)
+                .await
         };
         let seed_events = Kept {
             controller: &self,
@@ -48,8 +55,9 @@ impl Controller {
             forget: Controller::forget_seed,
         };
         let seeds = async {
-            if let Some(watch) = &self.seed_watch {
-                watch
+            if let Some(door) = &self.seed_door {
+                door.opened(&self.client, &self.health, served).await;
+                door.watch
                     .run(
                         Api::<SeedWatermarkView>::all(self.client.clone()),
                         &seed_events,
@@ -65,8 +73,11 @@ impl Controller {
             forget: Controller::forget_buffer,
         };
         let buffers = async {
-            if let (Some(watch), Some(api)) = (&self.buffer_watch, &self.buffer_api) {
-                watch
+            if let Some(door) = &self.buffer_door {
+                let version = door.opened(&self.client, &self.health, served).await;
+                let api = self.buffer_api.get_or_init(|| BufferApi { version });
+                info!(api_version = %api.api_version(), "serving CapacityBuffers with strategy dra-claim-controller.io/placeholder-pods");
+                door.watch
                     .run(
                         Api::<BufferView>::all_with(self.client.clone(), api),
                         &buffer_events,
@@ -74,50 +85,15 @@ impl Controller {
                     .await
             }
         };
-        tokio::join!(
-            self.watermark_watch
-                .run(Api::<WatermarkView>::all(self.client.clone()), &events),
-            seeds,
-            buffers,
-        );
+        tokio::join!(ours, seeds, buffers);
     }
 
-    /// Says once, plainly, when the CRD is not installed: the watch alone
-    /// would only retry with "404 page not found".
-    async fn check_crd(&self) {
-        let api = Api::<WatermarkView>::all(self.client.clone());
-        if let Err(kube::Error::Api(status)) = api.list(&ListParams::default().limit(1)).await
-            && status.code == 404
-        {
-            error!(
-                "the NodeScalingWatermark CRD (nodescalingwatermarks.dra-claim-controller.io) is not \
-                 installed: apply charts/dra-claim-controller/crds/nodescalingwatermarks.yaml (helm \
-                 install does), or drop headroom from --controllers; waiting for it"
-            );
-        }
-        if self.seed_watch.is_some()
-            && let Err(kube::Error::Api(status)) =
-                Api::<SeedWatermarkView>::all(self.client.clone())
-                    .list(&ListParams::default().limit(1))
-                    .await
-            && status.code == 404
-        {
-            error!(
-                "--headroom-seed-watermarks: the seed operator's CRD \
-                 (nodescalingwatermarks.redhatcop.redhat.io) is not installed: install the chart \
-                 with headroom.seedOperator.enabled=true, or drop the flag; waiting for it"
-            );
-        }
-    }
-
-    /// Resolves once the watermarks and the process's watches are loaded.
+    /// Resolves once the process's watches are loaded and each front door
+    /// is known closed or has its first list in.
     pub async fn wait_synced(&self) {
-        self.watermark_watch.wait_synced().await;
-        if let Some(watch) = &self.seed_watch {
-            watch.wait_synced().await;
-        }
-        if let Some(watch) = &self.buffer_watch {
-            watch.wait_synced().await;
+        self.watermark_door.wait_settled().await;
+        for door in [&self.seed_door, &self.buffer_door].into_iter().flatten() {
+            door.wait_settled().await;
         }
         self.synced.wait().await;
     }
@@ -144,6 +120,12 @@ impl Controller {
             })
             .map(|wm| object_key(wm.namespace(), wm.name()))
             .collect();
+        // The buffers whose placeholder it is (a new placeholder's gate is
+        // lifted by its buffer's sync).
+        keys.extend(versions().filter_map(|p| {
+            self.door_key_of(p)
+                .filter(|k| k.starts_with(BUFFER_KEY_PREFIX))
+        }));
         keys.extend(
             self.seed_watermarks
                 .list()
@@ -229,17 +211,34 @@ impl Handler<PodView> for Controller {
             .collect();
         self.pods.replace(entries);
         self.enqueue_all();
+        // A relist delivers no event per pod: the pods that wait for
+        // devices are looked at again, as their events would have had them.
+        if self.yield_enabled {
+            for pod in self.pods.list() {
+                if pod.waits_for_devices(PLACEHOLDER_PRIORITY) {
+                    self.enqueue(format!(
+                        "{POD_KEY_PREFIX}{}",
+                        object_key(pod.namespace(), pod.name())
+                    ));
+                }
+            }
+        }
     }
     fn applied(&self, pod: PodView) {
         let key = object_key(pod.namespace(), pod.name());
-        if self.yield_enabled && pod.waits_for_devices(PLACEHOLDER_PRIORITY) {
-            self.enqueue(format!("{POD_KEY_PREFIX}{key}"));
-        }
+        let waits = self.yield_enabled && pod.waits_for_devices(PLACEHOLDER_PRIORITY);
         let old = if keeps(&pod) {
-            self.pods.apply(key, Arc::new(pod.clone()))
+            self.pods.apply(key.clone(), Arc::new(pod.clone()))
         } else {
             self.pods.delete(&key)
         };
+        // Queued only once the store holds this version: a worker that
+        // took the key first would read the version before it (not yet
+        // Unschedulable), drop the key, and no event would bring it back
+        // (kube-scheduler does not rewrite an unchanged condition).
+        if waits {
+            self.enqueue(format!("{POD_KEY_PREFIX}{key}"));
+        }
         self.pod_changed(&pod, old.as_deref());
     }
     fn deleted(&self, pod: PodView) {

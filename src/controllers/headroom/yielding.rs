@@ -13,7 +13,8 @@ use kube::api::DeleteParams;
 use tracing::{debug, info};
 
 use super::controller::{
-    Controller, PLACEHOLDER_PRIORITY, POD_KEY_PREFIX, Promise, RECHECK_WAITING, YIELD_EVERY,
+    BUFFER_KEY_PREFIX, Controller, PLACEHOLDER_PRIORITY, POD_KEY_PREFIX, Promise, RECHECK_WAITING,
+    YIELD_EVERY,
 };
 use super::desired::CPU_MEMORY_ENTRY;
 use super::watermark::selects;
@@ -23,7 +24,7 @@ use super::yield_choice::{
 use crate::allocate::Inventory;
 use crate::allocate::inventory::node_inventory;
 use crate::model::DeviceId;
-use crate::model::views::NodeView;
+use crate::model::views::{NodeView, PodView};
 use crate::runtime::error::SyncError;
 use crate::runtime::events::Involved;
 use crate::runtime::store::object_key;
@@ -87,6 +88,10 @@ impl Controller {
         };
         let claims = self.unallocated_claims(&pod).await?;
         if claims.is_empty() {
+            // Its claims are not created yet, or allocated already (then it
+            // binds and no longer waits): looked at again, since no event
+            // need come.
+            self.recheck(key, RECHECK_WAITING);
             return Ok(());
         }
         let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
@@ -160,9 +165,10 @@ impl Controller {
         for placeholder in &chosen.placeholders {
             let (p_ns, p_name) = placeholder.split_once('/').unwrap_or(("", placeholder));
             // Read before the deletion: its watch event empties the cache.
-            let watermark = self
-                .pods
-                .get(placeholder)
+            let placeholder_pod = self.pods.get(placeholder);
+            let door = placeholder_pod.as_deref().and_then(|p| self.door_key_of(p));
+            let label = placeholder_pod
+                .as_deref()
                 .and_then(|p| p.placeholder_of().map(str::to_string));
             let api: Api<Pod> = Api::namespaced(self.client.clone(), p_ns);
             match api
@@ -178,16 +184,22 @@ impl Controller {
                     ));
                 }
             }
-            if let Some(wm) = watermark {
-                self.metrics.yields.with_label_values(&[p_ns, &wm]).inc();
-                let wm_key = object_key(p_ns, &wm);
-                *self
-                    .yields_unwritten
-                    .lock()
-                    .unwrap()
-                    .entry(wm_key.clone())
-                    .or_default() += 1;
-                self.enqueue(wm_key);
+            if let Some(label) = &label {
+                self.metrics.yields.with_label_values(&[p_ns, label]).inc();
+            }
+            if let Some(door) = door {
+                // A watermark's status counts its yields; a buffer's has no
+                // such field. Either way its sync keeps the new placeholder
+                // gated while the yield is in flight.
+                if !door.starts_with(BUFFER_KEY_PREFIX) {
+                    *self
+                        .yields_unwritten
+                        .lock()
+                        .unwrap()
+                        .entry(door.clone())
+                        .or_default() += 1;
+                }
+                self.enqueue(door);
             }
         }
         info!(
@@ -312,6 +324,14 @@ impl Controller {
                 selected.insert(node.name().to_string(), node.clone());
             }
         }
+        let pods = self.pods.list();
+        // And the nodes of placeholders of every door: a CapacityBuffer's
+        // placeholders yield as a watermark's do, wherever they were bound.
+        for pod in pods.iter().filter(|p| yields_devices(p)) {
+            if let Some(node) = pod.node_name().and_then(|n| self.devices.nodes.get(n)) {
+                selected.insert(node.name().to_string(), node);
+            }
+        }
         let slices = self.devices.slices.list();
         let claims = self.claims.list();
         // Devices freed for another waiting pod are as good as taken: a
@@ -319,7 +339,6 @@ impl Controller {
         // yield of its own while a recreated placeholder races for them).
         let mut in_use: HashSet<DeviceId> = claims.iter().flat_map(|c| c.held_devices()).collect();
         in_use.extend(self.promised_to_others(for_pod));
-        let pods = self.pods.list();
         let released = self.released.lock().unwrap().clone();
         selected
             .into_iter()
@@ -328,11 +347,8 @@ impl Controller {
                     .iter()
                     .filter(|p| {
                         p.node_name() == Some(name.as_str())
-                            && p.placeholder_of().is_some()
-                            && p.placeholder_entry().is_some_and(|e| e != CPU_MEMORY_ENTRY)
+                            && yields_devices(p)
                             && p.spec.priority.unwrap_or(0) < priority
-                            && !p.is_terminal()
-                            && !p.is_deleting()
                             && released
                                 .get(&object_key(p.namespace(), p.name()))
                                 .is_none_or(|at| at.elapsed() >= YIELD_EVERY)
@@ -357,6 +373,17 @@ impl Controller {
             })
             .collect()
     }
+}
+
+/// A placeholder of ours, of any door, that holds devices on its node and
+/// can give them up: bound, not finished, not being deleted, not a CPU and
+/// memory placeholder.
+fn yields_devices(pod: &PodView) -> bool {
+    pod.placeholder_of().is_some()
+        && pod
+            .placeholder_entry()
+            .is_some_and(|e| e != CPU_MEMORY_ENTRY)
+        && pod.holds_node()
 }
 
 /// A node as the yield needs it, owned.

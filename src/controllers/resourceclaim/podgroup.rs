@@ -185,25 +185,25 @@ pub fn members(
 }
 
 /// Which PodGroup API the API server serves, newest first. Asked once at
-/// start-up when PodGroups are read (`why` names the gate that asks).
-pub async fn discover_api(client: &kube::Client, why: &str) -> anyhow::Result<PodGroupApi> {
-    for version in PodGroupApi::VERSIONS {
-        let group_version = format!("{}/{version}", PodGroupApi::GROUP);
-        match client.list_api_group_resources(&group_version).await {
-            Ok(list) if list.resources.iter().any(|r| r.name == PodGroupApi::PLURAL) => {
-                info!(api_version = %group_version, "serving PodGroup claims");
-                return Ok(PodGroupApi {
-                    version: version.to_string(),
-                });
-            }
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(e) => {
-                return Err(anyhow::anyhow!(
-                    "{why}: asking the API server whether it serves {group_version} failed: {e}"
-                ));
-            }
-        }
+/// start-up when PodGroups are read (`why` names the gate that asks); a
+/// read that fails is retried, an API server that serves none is a
+/// configuration to change.
+pub async fn discover_api(
+    client: &kube::Client,
+    health: &crate::runtime::http::Health,
+    why: &str,
+) -> anyhow::Result<PodGroupApi> {
+    let served = crate::runtime::startup::served_version(
+        client,
+        health,
+        PodGroupApi::GROUP,
+        &PodGroupApi::VERSIONS,
+        PodGroupApi::PLURAL,
+    )
+    .await;
+    if let Some(version) = served {
+        info!(api_version = %format!("{}/{version}", PodGroupApi::GROUP), "serving PodGroup claims");
+        return Ok(PodGroupApi { version });
     }
     anyhow::bail!(
         "{why} needs PodGroups, but the API server serves none of scheduling.k8s.io/{} \

@@ -177,6 +177,13 @@ pub struct Health {
 #[derive(Debug, Default)]
 struct HealthState {
     ready: bool,
+    /// What start-up waits for (a read the API server has not answered
+    /// yet, with the last failure), shown by `/readyz` while it lasts.
+    waiting_for: Option<String>,
+    /// Parts of the process that are not working, each with why, that do
+    /// not make the process unready (a headroom front door whose CRD is
+    /// not installed): listed in `/readyz`'s answer.
+    notes: std::collections::BTreeMap<String, String>,
     /// The election's reports; none when there is no election to follow.
     lease: Option<watch::Receiver<LeaseHealth>>,
 }
@@ -191,6 +198,21 @@ impl Health {
     /// Marks the process ready (caches synced) or not.
     pub fn set_ready(&self, ready: bool) {
         self.state().ready = ready;
+    }
+
+    /// Shows what start-up waits for in `/readyz` (`None`: nothing).
+    pub fn set_waiting_for(&self, what: Option<String>) {
+        self.state().waiting_for = what;
+    }
+
+    /// Notes (`Some`) or clears (`None`) why the part `part` of the process
+    /// is not working; `/readyz` lists the notes without failing.
+    pub fn set_note(&self, part: &str, why: Option<String>) {
+        let mut state = self.state();
+        match why {
+            Some(why) => state.notes.insert(part.to_string(), why),
+            None => state.notes.remove(part),
+        };
     }
 
     /// Whether `/readyz` currently succeeds.
@@ -213,25 +235,35 @@ impl Health {
         lease.map_or(Ok(()), |lease| lease.check(now))
     }
 
-    /// `Ok` if ready, else the reason.
-    pub fn readiness(&self) -> Result<(), String> {
-        if self.is_ready() {
-            Ok(())
-        } else {
-            Err("informer caches not synced yet".into())
+    /// `Ok` with the answer's text if ready ("ok", then a line per part
+    /// that is not working), else the reason.
+    pub fn readiness(&self) -> Result<String, String> {
+        let state = self.state();
+        match (&state.waiting_for, state.ready) {
+            (Some(what), _) => Err(format!("waiting for {what}")),
+            (None, true) => Ok(std::iter::once("ok".to_string())
+                .chain(
+                    state
+                        .notes
+                        .iter()
+                        .map(|(part, why)| format!("{part}: {why}")),
+                )
+                .collect::<Vec<_>>()
+                .join("\n")),
+            (None, false) => Err("informer caches not synced yet".into()),
         }
     }
 }
 
-fn probe_response(result: Result<(), String>) -> Response {
+fn probe_response(result: Result<String, String>) -> Response {
     match result {
-        Ok(()) => (StatusCode::OK, "ok").into_response(),
+        Ok(text) => (StatusCode::OK, text).into_response(),
         Err(reason) => (StatusCode::INTERNAL_SERVER_ERROR, reason).into_response(),
     }
 }
 
 async fn healthz(State(health): State<Health>) -> Response {
-    probe_response(health.liveness())
+    probe_response(health.liveness().map(|()| "ok".to_string()))
 }
 
 async fn readyz(State(health): State<Health>) -> Response {
@@ -527,7 +559,22 @@ mod tests {
         let health = Health::default();
         assert!(health.readiness().is_err());
         health.clone().set_ready(true);
-        assert!(health.readiness().is_ok(), "clones share state");
+        assert_eq!(
+            health.readiness().as_deref(),
+            Ok("ok"),
+            "clones share state"
+        );
+        // A part that does not work is listed, and the process stays ready.
+        health.set_note(
+            "headroom door capacitybuffers",
+            Some("CRD not installed".into()),
+        );
+        assert_eq!(
+            health.readiness().as_deref(),
+            Ok("ok\nheadroom door capacitybuffers: CRD not installed")
+        );
+        health.set_note("headroom door capacitybuffers", None);
+        assert_eq!(health.readiness().as_deref(), Ok("ok"));
     }
 
     #[tokio::test]
