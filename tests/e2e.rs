@@ -70,6 +70,8 @@ mod handover;
 mod headroom;
 #[path = "e2e/headroom_autoscaler.rs"]
 mod headroom_autoscaler;
+#[path = "e2e/headroom_autoscaler_doors.rs"]
+mod headroom_autoscaler_doors;
 #[path = "e2e/headroom_buffers.rs"]
 mod headroom_buffers;
 #[path = "e2e/headroom_seed.rs"]

@@ -22,10 +22,10 @@ use crate::headroom::{
 };
 use crate::k8s::wait_for;
 
-const DRIVER: &str = "gpu.example.com";
+pub(crate) const DRIVER: &str = "gpu.example.com";
 /// Long enough for the autoscaler to notice Pending pods, simulate a node
 /// with devices and create it, and for the harness to make it Ready.
-const SCALE_UP: Duration = Duration::from_secs(120);
+pub(crate) const SCALE_UP: Duration = Duration::from_secs(120);
 
 fn gpu_group() -> NodeGroup<'static> {
     NodeGroup {
@@ -47,13 +47,13 @@ fn group_watermark(placeholders: u32, class: &str) -> Value {
 }
 
 /// The binaries these tests need, or one SKIP line.
-struct Binaries {
+pub(crate) struct Binaries {
     scheduler: std::path::PathBuf,
     kcm: std::path::PathBuf,
     autoscaler: std::path::PathBuf,
 }
 
-fn binaries_or_skip(name: &str) -> Option<Binaries> {
+pub(crate) fn binaries_or_skip(name: &str) -> Option<Binaries> {
     Some(Binaries {
         scheduler: crate::scheduler::binary_or_skip(name)?,
         kcm: crate::reference::binary_or_skip(name)?,
@@ -63,20 +63,35 @@ fn binaries_or_skip(name: &str) -> Option<Binaries> {
 
 /// The rest of the control plane, started after the CRD (the garbage
 /// collector then knows watermarks) and with the group's first node.
-struct ControlPlane {
+pub(crate) struct ControlPlane {
     _scheduler: crate::scheduler::Scheduler,
     _kcm: crate::reference::Reference,
-    autoscaler: Autoscaler,
+    pub(crate) autoscaler: Autoscaler,
 }
 
 async fn control_plane(t: &mut TestCtx, bins: &Binaries) -> ControlPlane {
+    control_plane_with(t, bins, &[]).await
+}
+
+/// The control plane with further cluster-autoscaler flags.
+pub(crate) async fn control_plane_with(
+    t: &mut TestCtx,
+    bins: &Binaries,
+    autoscaler_flags: &[&str],
+) -> ControlPlane {
     let cluster = &t.isolated_env().cluster;
     let admin = cluster.admin_client().await.unwrap();
     let (scheduler, kcm) =
         scheduler_and_workload_controllers(cluster, &bins.scheduler, &bins.kcm).await;
-    let autoscaler = Autoscaler::start(&bins.autoscaler, cluster, &admin, gpu_group())
-        .await
-        .expect("start cluster-autoscaler");
+    let autoscaler = Autoscaler::start_with(
+        &bins.autoscaler,
+        cluster,
+        &admin,
+        gpu_group(),
+        autoscaler_flags,
+    )
+    .await
+    .expect("start cluster-autoscaler");
     ControlPlane {
         _scheduler: scheduler,
         _kcm: kcm,
@@ -85,7 +100,7 @@ async fn control_plane(t: &mut TestCtx, bins: &Binaries) -> ControlPlane {
 }
 
 /// The names of the group's nodes that publish devices.
-async fn nodes_with_devices(admin: &kube::Client) -> anyhow::Result<Vec<String>> {
+pub(crate) async fn nodes_with_devices(admin: &kube::Client) -> anyhow::Result<Vec<String>> {
     let nodes: Api<Node> = Api::all(admin.clone());
     let slices: Api<ResourceSlice> = Api::all(admin.clone());
     let with_slices: Vec<String> = slices

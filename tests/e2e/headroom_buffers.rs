@@ -14,7 +14,9 @@ use anyhow::{Context as _, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
 use serde_json::{Value, json};
 
 use crate::cluster::ControllerOpts;
@@ -382,6 +384,67 @@ async fn capacity_buffers_with_our_strategy_get_placeholder_pods() {
             .context("no event yet")
     })
     .await;
+
+    // A buffer follows its sources within seconds (watched, not polled):
+    // the PodTemplate's requests, the scalable object's replicas.
+    let templates: Api<DynamicObject> = Api::namespaced_with(
+        t.client.clone(),
+        &t.ns,
+        &resource("", "v1", "PodTemplate", "podtemplates"),
+    );
+    let changed = Instant::now();
+    templates
+        .patch(
+            "trainer",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"template": {"spec": {"containers": [
+                {"name": "train", "image": "registry.invalid/trainer:1",
+                 "resources": {"requests": {"cpu": "200m"}, "claims": [{"name": "gpu"}]}}]}}})),
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "by-template follows its PodTemplate",
+        Duration::from_secs(10),
+        async || {
+            let d = deployments.get("by-template-placeholders").await?;
+            let spec = d.spec.template.spec.context("no spec")?;
+            let cpu = spec.containers[0]
+                .resources
+                .as_ref()
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("cpu"))
+                .map(|q| q.0.clone());
+            ensure!(cpu.as_deref() == Some("200m"), "cpu {cpu:?}");
+            Ok(())
+        },
+    )
+    .await;
+    let template_followed = changed.elapsed();
+    let changed = Instant::now();
+    Api::<Deployment>::namespaced(t.client.clone(), &t.ns)
+        .patch(
+            "trainer",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "by-scalable follows its Deployment",
+        Duration::from_secs(10),
+        async || {
+            let d = deployments.get("by-scalable-placeholders").await?;
+            ensure!(d.spec.replicas == Some(0), "{:?}", d.spec.replicas);
+            Ok(())
+        },
+    )
+    .await;
+    println!(
+        "E2E figure: {NAME}: a PodTemplate change reached its buffer's placeholders in {:.2} s, a Deployment scaled to 0 in {:.2} s",
+        template_followed.as_secs_f64(),
+        changed.elapsed().as_secs_f64()
+    );
 
     // The autoscaler's own buffer is the autoscaler's.
     assert!(deployments.get("theirs-placeholders").await.is_err());

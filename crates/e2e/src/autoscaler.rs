@@ -20,6 +20,13 @@ use crate::procs::Proc;
 pub const SKIP_REASON: &str =
     "no cluster-autoscaler beside kube-apiserver (built with `-tags kwok`; set KUBEBUILDER_ASSETS)";
 
+/// The flags that turn on cluster-autoscaler's CapacityBuffer controller
+/// and its injection of virtual pods for ready buffers.
+pub const CAPACITY_BUFFER_FLAGS: [&str; 2] = [
+    "--capacity-buffer-controller-enabled=true",
+    "--capacity-buffer-pod-injection-enabled=true",
+];
+
 /// The label whose value names a node's group (the kwok provider's
 /// `nodegroups.fromNodeLabelKey`).
 pub const NODE_GROUP_LABEL: &str = "autoscaling.e2e.dra-claim-controller.io/node-group";
@@ -67,6 +74,18 @@ impl Autoscaler {
         cluster: &Cluster,
         admin: &kube::Client,
         group: NodeGroup<'_>,
+    ) -> anyhow::Result<Self> {
+        Self::start_with(binary, cluster, admin, group, &[]).await
+    }
+
+    /// As [`Autoscaler::start`], with further flags (CapacityBuffers on,
+    /// say).
+    pub async fn start_with(
+        binary: &Path,
+        cluster: &Cluster,
+        admin: &kube::Client,
+        group: NodeGroup<'_>,
+        extra_args: &[&str],
     ) -> anyhow::Result<Self> {
         let first = format!("{}-0", group.name);
         crate::nodes::create_schedulable_node(admin, &first).await?;
@@ -123,6 +142,10 @@ impl Autoscaler {
                 "--max-nodes-total=8".into(),
                 "--v=4".into(),
             ];
+            let args: Vec<String> = args
+                .into_iter()
+                .chain(extra_args.iter().map(|a| a.to_string()))
+                .collect();
             let log = cluster
                 .dir
                 .join(format!("cluster-autoscaler-{attempt}.log"));

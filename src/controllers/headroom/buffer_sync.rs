@@ -2,28 +2,23 @@
 //! (`podTemplateRef`, or the pod template and replicas of `scalableRef`),
 //! count as the autoscaler does (`buffer.rs`), apply the placeholders'
 //! Deployment when it changed, write the status when it changed. Pod
-//! templates and scalable objects are read live (not watched): the buffer
-//! is looked at again every [`BUFFER_RESYNC`].
-
-use std::time::Duration;
+//! templates and scalable objects are read live, and watched
+//! (`buffer_sources.rs`): a change queues the buffers that name them.
 
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{DynamicObject, Patch, PatchParams};
 use serde_json::Value;
 use tracing::{debug, info};
 
 use super::buffer::{self, BufferApi, BufferView};
-use super::controller::{BUFFER_KEY_PREFIX, Controller, DeploymentWritten};
+use super::buffer_sources::source_of;
+use super::controller::{Controller, DeploymentWritten};
 use super::execute::deployments;
 use super::seed_sync::write_once;
 use crate::model::views::PodView;
 use crate::runtime::error::{SyncError, kube_err};
 use crate::runtime::store::object_key;
-
-/// How often a buffer is looked at again for changes of its pod template
-/// or scalable object.
-pub(super) const BUFFER_RESYNC: Duration = Duration::from_secs(60);
 
 /// The pod shape and, for a scalable object, its replicas.
 struct Shape {
@@ -41,8 +36,6 @@ impl Controller {
         if !buf.spec.is_ours() {
             return Ok(());
         }
-        self.queue
-            .add_after(format!("{BUFFER_KEY_PREFIX}{key}"), BUFFER_RESYNC);
         let before = self
             .buffer_written
             .lock()
@@ -116,62 +109,21 @@ impl Controller {
         Ok(replicas)
     }
 
-    /// The buffer's pod template (`spec` of a PodTemplateSpec), read live.
+    /// The buffer's pod template (`spec` of a PodTemplateSpec) and the
+    /// replicas of its scalable object, read live; the source's kind is
+    /// watched from now on (`buffer_sources.rs`).
     async fn shape(&self, buf: &BufferView) -> Result<Shape, SyncError> {
         let ns = buf.namespace();
-        if let Some(template) = &buf.spec.pod_template_ref {
-            let resource = ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk("", "v1", "PodTemplate"),
-                "podtemplates",
-            );
-            let object = Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &resource)
-                .get(&template.name)
-                .await
-                .map_err(kube_err(format!(
-                    "reading PodTemplate {ns}/{}",
-                    template.name
-                )))?;
-            return Ok(Shape {
-                template_spec: object.data["template"]["spec"].clone(),
-                scalable_replicas: None,
-            });
-        }
-        let Some(scalable) = &buf.spec.scalable_ref else {
-            return Err(SyncError::Invalid(
-                "spec: neither podTemplateRef nor scalableRef is set".into(),
-            ));
-        };
-        let (group, plural, replicas_field) = match (
-            scalable.api_group.as_str(),
-            scalable.kind.as_str(),
-        ) {
-            ("apps", "Deployment") => ("apps", "deployments", "replicas"),
-            ("apps", "ReplicaSet") => ("apps", "replicasets", "replicas"),
-            ("apps", "StatefulSet") => ("apps", "statefulsets", "replicas"),
-            ("batch", "Job") => ("batch", "jobs", "parallelism"),
-            (group, kind) => {
-                return Err(SyncError::Invalid(format!(
-                    "spec.scalableRef: kind {group}/{kind} is not supported (Deployment, ReplicaSet, \
-                     StatefulSet of apps; Job of batch)"
-                )));
-            }
-        };
-        let resource = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk(group, "v1", &scalable.kind),
-            plural,
-        );
+        let (kind, name) = source_of(&buf.spec).map_err(SyncError::Invalid)?;
+        self.sources.want(kind);
+        let resource = kind.resource();
         let object = Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &resource)
-            .get(&scalable.name)
+            .get(name)
             .await
-            .map_err(kube_err(format!(
-                "reading {} {ns}/{}",
-                scalable.kind, scalable.name
-            )))?;
+            .map_err(kube_err(format!("reading {} {ns}/{name}", resource.kind)))?;
         Ok(Shape {
-            template_spec: object.data["spec"]["template"]["spec"].clone(),
-            scalable_replicas: object.data["spec"][replicas_field]
-                .as_i64()
-                .and_then(|r| i32::try_from(r).ok()),
+            template_spec: kind.template_spec(&object.data),
+            scalable_replicas: kind.replicas(&object.data),
         })
     }
 

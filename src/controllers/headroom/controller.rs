@@ -12,6 +12,7 @@ use prometheus::Registry;
 use tracing::{Instrument, debug, info, info_span};
 
 use super::buffer::{BufferApi, BufferView};
+use super::buffer_sources::Sources;
 use super::doors::Door;
 use super::metrics::Metrics;
 use super::plan::{Plan, Snapshot};
@@ -155,6 +156,8 @@ pub struct Controller {
     pub(super) buffers: Store<BufferView>,
     pub(super) buffer_api: OnceLock<BufferApi>,
     pub(super) buffer_door: Option<Door>,
+    /// The watches of what buffers read their pod shapes from.
+    pub(super) sources: Sources,
     pub(super) health: Health,
     pub(super) buffer_written: Mutex<HashMap<String, DeploymentWritten<u32>>>,
     pub(super) metrics: Metrics,
@@ -260,6 +263,7 @@ impl Controller {
                 )
             }),
             buffer_api: OnceLock::new(),
+            sources: Sources::default(),
             health: settings.health.clone(),
             buffer_written: Mutex::default(),
             seed_door: settings.seed_watermarks.then(|| {

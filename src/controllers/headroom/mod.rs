@@ -18,6 +18,7 @@
 //! and its metrics (`metrics.rs`).
 
 pub mod buffer;
+pub mod buffer_sources;
 mod buffer_sync;
 #[cfg(test)]
 mod buffer_tests;

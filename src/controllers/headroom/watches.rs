@@ -77,12 +77,11 @@ impl Controller {
                 let version = door.opened(&self.client, &self.health, served).await;
                 let api = self.buffer_api.get_or_init(|| BufferApi { version });
                 info!(api_version = %api.api_version(), "serving CapacityBuffers with strategy dra-claim-controller.io/placeholder-pods");
-                door.watch
-                    .run(
-                        Api::<BufferView>::all_with(self.client.clone(), api),
-                        &buffer_events,
-                    )
-                    .await
+                let watch = door.watch.run(
+                    Api::<BufferView>::all_with(self.client.clone(), api),
+                    &buffer_events,
+                );
+                tokio::join!(watch, self.run_source_watches());
             }
         };
         tokio::join!(ours, seeds, buffers);
