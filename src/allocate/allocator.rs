@@ -129,18 +129,32 @@ pub fn devices_taken(result: &AllocationResult) -> Vec<DeviceId> {
 /// Runs `work` on a scoped thread with [`SOLVER_STACK_BYTES`] of stack:
 /// anything that compiles or evaluates tenant CEL goes through here. A
 /// panic in `work` ends the process (see `app::exit_on_panic`).
+///
+/// Called from an async task, the wait for that thread would hold the
+/// task's worker: with one CPU (the chart's limit) the runtime has one, and
+/// lease renewals, HTTP/2 pings, `/healthz` and the claim controller would
+/// all stop while a claim is solved. On a multi-threaded runtime the worker
+/// therefore hands its other tasks over first (`block_in_place`).
 pub fn on_solver_stack<T: Send>(work: impl FnOnce() -> T + Send) -> std::io::Result<T> {
-    std::thread::scope(|scope| {
-        std::thread::Builder::new()
-            .name("cel".into())
-            .stack_size(SOLVER_STACK_BYTES)
-            .spawn_scoped(scope, work)
-            .map(|handle| {
-                handle
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-    })
+    let solve = || {
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("cel".into())
+                .stack_size(SOLVER_STACK_BYTES)
+                .spawn_scoped(scope, work)
+                .map(|handle| {
+                    handle
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+        })
+    };
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(solve),
+        // No runtime (a tool's thread) or a single-threaded one (tests):
+        // nothing else could run meanwhile anyway.
+        _ => solve(),
+    }
 }
 
 /// Allocates the claim's devices on the input's node, on a thread of its

@@ -392,9 +392,15 @@ pub fn events<K: FromProtobuf + Send + 'static>(body: kube::client::Body) -> Eve
                 }
                 Some(Err(e)) => return Some((Err(e), None)),
                 None if frames.is_empty() => return None,
+                // A connection cut mid-frame is a transport fault, not a
+                // decoding one: reported as an unexpected end, so that the
+                // watch is simply opened again, still in protobuf.
                 None => {
                     return Some((
-                        Err(invalid(WireError::new("the stream ended inside a frame"))),
+                        Err(kube::Error::ReadEvents(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            WireError::new("the stream ended inside a frame"),
+                        ))),
                         None,
                     ));
                 }
@@ -616,6 +622,30 @@ mod tests {
         let read = read_names(cut).await;
         assert_eq!(read.len(), 3, "{read:?}");
         assert!(read[2].contains("ended inside a frame"), "{read:?}");
+        // ... as an unexpected end (a transport fault), which leaves the
+        // watch in protobuf; only a frame that does not decode is invalid.
+        let cut = [framed(&pod_named("b"))[..6].to_vec()].concat();
+        let kinds: Vec<std::io::ErrorKind> = events::<Named>(kube::client::Body::from(cut))
+            .filter_map(|e| async move {
+                match e {
+                    Err(kube::Error::ReadEvents(io)) => Some(io.kind()),
+                    _ => None,
+                }
+            })
+            .collect()
+            .await;
+        assert_eq!(kinds, [std::io::ErrorKind::UnexpectedEof]);
+        let kinds: Vec<std::io::ErrorKind> =
+            events::<Named>(kube::client::Body::from(framed(b"\x0b")))
+                .filter_map(|e| async move {
+                    match e {
+                        Err(kube::Error::ReadEvents(io)) => Some(io.kind()),
+                        _ => None,
+                    }
+                })
+                .collect()
+                .await;
+        assert_eq!(kinds, [std::io::ErrorKind::InvalidData]);
 
         // A frame that does not decode ends the stream after its error.
         let bad = [
