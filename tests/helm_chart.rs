@@ -237,6 +237,7 @@ fn lint_and_render_default_values() {
         "Deployment",
         "Service",
         "PodDisruptionBudget",
+        "FlowSchema",
     ]
     .into();
     assert_eq!(kinds, expected, "objects rendered with default values");
@@ -2211,7 +2212,18 @@ fn capacity_buffers_bring_their_flag_and_rbac_only_when_asked_for() {
     assert!(args(&on).contains(&"--headroom-capacity-buffers=true".to_string()));
     let rules = bound_cluster_rules(&on);
     assert!(rules.contains_key(&key), "{rules:?}");
-    assert!(rules.contains_key(&(String::new(), "podtemplates".to_string())));
+    // Every kind a buffer may read its pod shape from: read and watched.
+    let watched: BTreeSet<String> = ["get", "list", "watch"].map(String::from).into();
+    for (group, resource) in [
+        ("", "podtemplates"),
+        ("apps", "deployments"),
+        ("apps", "replicasets"),
+        ("apps", "statefulsets"),
+        ("batch", "jobs"),
+    ] {
+        let verbs = &rules[&(group.to_string(), resource.to_string())];
+        assert!(verbs.is_superset(&watched), "{resource}: {verbs:?}");
+    }
     assert!(
         all_of_kind(&on, "CustomResourceDefinition").is_empty(),
         "the autoscaler owns the CapacityBuffer CRD"
@@ -2257,4 +2269,41 @@ fn the_helm_test_hook_checks_the_release_with_rights_of_its_own() {
                 && str_of(&b["subjects"][0]["name"]) == sa
         });
     assert!(metrics, "the hook may read /metrics");
+}
+
+/// API Priority and Fairness: by default a FlowSchema sends every request
+/// of the controller's service account to `workload-high`, one flow per
+/// user, matched before the built-in `service-accounts` schema (9000);
+/// a value turns it off or picks the level; a precedence that would lose
+/// to the built-in schema is refused.
+#[test]
+fn a_flow_schema_puts_the_controller_beside_kube_controller_manager() {
+    let docs = render_or_skip!(&[]);
+    let schema = one_of_kind(&docs, "FlowSchema");
+    assert_eq!(schema["apiVersion"], "flowcontrol.apiserver.k8s.io/v1");
+    let spec = &schema["spec"];
+    assert_eq!(spec["priorityLevelConfiguration"]["name"], "workload-high");
+    let precedence = spec["matchingPrecedence"].as_u64().unwrap();
+    assert!(precedence < 9000, "{precedence}");
+    assert_eq!(spec["distinguisherMethod"]["type"], "ByUser");
+    let sa = one_of_kind(&docs, "ServiceAccount");
+    let subject = &spec["rules"][0]["subjects"][0];
+    assert_eq!(subject["kind"], "ServiceAccount");
+    assert_eq!(subject["serviceAccount"]["name"], sa["metadata"]["name"]);
+    assert_eq!(subject["serviceAccount"]["namespace"], NAMESPACE);
+    assert_eq!(spec["rules"][0]["resourceRules"][0]["clusterScope"], true);
+    assert_eq!(
+        strings(&spec["rules"][0]["nonResourceRules"][0]["nonResourceURLs"]),
+        ["*"]
+    );
+
+    let off = render_or_skip!(&[("kubeAPI.flowSchema.enabled", "false")]);
+    assert!(all_of_kind(&off, "FlowSchema").is_empty());
+    let chosen = render_or_skip!(&[("kubeAPI.flowSchema.priorityLevel", "global-default")]);
+    assert_eq!(
+        one_of_kind(&chosen, "FlowSchema")["spec"]["priorityLevelConfiguration"]["name"],
+        "global-default"
+    );
+    let err = render_err_or_skip!(&[("kubeAPI.flowSchema.matchingPrecedence", "9000")]);
+    assert!(err.to_string().contains("matchingPrecedence"), "{err}");
 }
