@@ -160,3 +160,18 @@ fn readme_is_a_front_door() {
         );
     }
 }
+
+#[test]
+fn reliability_doc_states_the_start_up_read_constants() {
+    use dra_claim_controller::runtime::retry::BACKOFF_MAX;
+    use dra_claim_controller::runtime::startup::PER_TRY_DEADLINE;
+    let doc = read("docs/reliability.md");
+    assert_says(
+        "docs/reliability.md",
+        row(&doc, "reads start-up needs"),
+        &[
+            format!("{} a try", secs(PER_TRY_DEADLINE)),
+            format!("doubling to {}", secs(BACKOFF_MAX)),
+        ],
+    );
+}

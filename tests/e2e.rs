@@ -18,8 +18,9 @@
 #![allow(unreachable_pub)]
 
 use dra_e2e::{
-    admission, autoscaler, blackhole, cluster, ctx, fault_proxy, faults, helm, invariants, k8s,
-    nodes, procs, prometheus, rawhttp, rbac, real_node, reference, replica, scheduler,
+    admission, autoscaler, blackhole, cluster, ctx, fault_proxy, faults, forward_proxy, helm,
+    invariants, k8s, nodes, procs, prometheus, rawhttp, rbac, real_node, reference, replica,
+    scheduler,
 };
 
 #[path = "e2e/allocator.rs"]

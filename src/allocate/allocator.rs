@@ -17,13 +17,12 @@ use k8s_openapi::api::resource::v1::{
 };
 
 use super::inventory::{Inventory, NodeDevice};
-use super::selector::{AttributeValue, Selector};
+use super::selector::Selector;
 use crate::model::DeviceId;
 
 /// The most devices one claim may be allocated (the API's limit).
 pub const MAX_DEVICES_PER_CLAIM: usize = 32;
-/// Search steps before giving up on a claim: a bound on CPU per attempt.
-pub const MAX_SEARCH_STEPS: usize = 200_000;
+pub use super::search::{MAX_SEARCH_STEPS, MAX_SEARCH_TIME};
 
 /// Everything the allocator looks at.
 pub struct AllocationInput<'a> {
@@ -55,24 +54,24 @@ pub enum Outcome {
 
 /// How many devices a request alternative takes.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Mode {
+pub(super) enum Mode {
     Count(usize),
     All,
 }
 
 /// One way to satisfy a request: the request itself (`exactly`) or one of
 /// its subrequests (`firstAvailable`).
-struct Alternative {
+pub(super) struct Alternative {
     /// The name results use: `req` or `req/sub`.
-    name: String,
+    pub(super) name: String,
     class_name: String,
-    mode: Mode,
+    pub(super) mode: Mode,
     admin: bool,
     tolerations: Vec<DeviceToleration>,
     /// Indices into the inventory of devices it may take, in order.
-    candidates: Vec<usize>,
+    pub(super) candidates: Vec<usize>,
     /// For `All`: every device its selectors match, usable or not.
-    matching: Vec<usize>,
+    pub(super) matching: Vec<usize>,
     tally: Tally,
 }
 
@@ -88,16 +87,16 @@ struct Tally {
     free: usize,
 }
 
-struct Request {
+pub(super) struct Request {
     /// The request's own name (the parent of subrequests).
     name: String,
-    alternatives: Vec<Alternative>,
+    pub(super) alternatives: Vec<Alternative>,
 }
 
-struct MatchConstraint {
+pub(super) struct MatchConstraint {
     /// Request names (`req` or `req/sub`) it covers; empty: all.
-    requests: Vec<String>,
-    attribute: String,
+    pub(super) requests: Vec<String>,
+    pub(super) attribute: String,
 }
 
 /// The stack of the thread an allocation runs on. Parsing and evaluating a
@@ -191,7 +190,7 @@ fn allocate_here(input: &AllocationInput) -> Outcome {
             }
         }
     }
-    let mut search = Search {
+    let mut search = super::search::Search {
         requests: &requests,
         devices: &input.inventory.devices,
         constraints: &constraints,
@@ -199,6 +198,7 @@ fn allocate_here(input: &AllocationInput) -> Outcome {
         taken: HashSet::new(),
         chosen: Vec::new(),
         steps: 0,
+        deadline: std::time::Instant::now() + MAX_SEARCH_TIME,
     };
     match search.solve(0) {
         Err(refusal) => Outcome::Refused(format!("claim {claim_key}: {refusal}")),
@@ -491,183 +491,6 @@ fn constraints(claim: &ResourceClaim, claim_key: &str) -> Result<Vec<MatchConstr
             })
         })
         .collect()
-}
-
-impl MatchConstraint {
-    fn covers(&self, alternative: &str) -> bool {
-        self.requests.is_empty()
-            || self.requests.iter().any(|r| {
-                r == alternative
-                    || alternative
-                        .split_once('/')
-                        .is_some_and(|(parent, _)| r == parent)
-            })
-    }
-
-    fn value_of(&self, device: &NodeDevice) -> Option<AttributeValue> {
-        let (domain, id) = super::inventory::qualified(&device.id.driver, &self.attribute);
-        device.facts.attributes.get(&domain)?.get(&id).cloned()
-    }
-}
-
-/// The depth-first search over requests, alternatives and devices.
-struct Search<'a> {
-    requests: &'a [Request],
-    devices: &'a [NodeDevice],
-    constraints: &'a [MatchConstraint],
-    /// The value each constraint is pinned to by the first device it saw.
-    values: Vec<Option<AttributeValue>>,
-    /// Devices this claim has taken so far.
-    taken: HashSet<usize>,
-    /// Per solved request: the alternative chosen and its devices.
-    chosen: Vec<(usize, Vec<usize>)>,
-    steps: usize,
-}
-
-impl Search<'_> {
-    fn solve(&mut self, request: usize) -> Result<bool, String> {
-        if request == self.requests.len() {
-            return Ok(true);
-        }
-        // The API's limit is on the whole claim, across requests.
-        let room = MAX_DEVICES_PER_CLAIM - self.chosen.iter().map(|(_, d)| d.len()).sum::<usize>();
-        for (a, alt) in self.requests[request].alternatives.iter().enumerate() {
-            let found = match alt.mode {
-                Mode::Count(n) if n > room || n > alt.candidates.len() => false,
-                Mode::All if alt.matching.len() > room => false,
-                Mode::Count(n) => self.pick(request, a, n, 0, &mut Vec::new())?,
-                Mode::All => self.take_all(request, a)?,
-            };
-            if found {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
-    fn step(&mut self) -> Result<(), String> {
-        self.steps += 1;
-        if self.steps > MAX_SEARCH_STEPS {
-            return Err(format!(
-                "no allocation found within {MAX_SEARCH_STEPS} search steps; simplify the claim's \
-                 requests and constraints"
-            ));
-        }
-        Ok(())
-    }
-
-    /// Picks `left` more devices for alternative `a` of `request`, from
-    /// candidate position `start` on (combinations, not permutations).
-    fn pick(
-        &mut self,
-        request: usize,
-        a: usize,
-        left: usize,
-        start: usize,
-        picked: &mut Vec<usize>,
-    ) -> Result<bool, String> {
-        if left == 0 {
-            self.chosen.push((a, picked.clone()));
-            if self.solve(request + 1)? {
-                return Ok(true);
-            }
-            self.chosen.pop();
-            return Ok(false);
-        }
-        let alt = &self.requests[request].alternatives[a];
-        for pos in start..alt.candidates.len() {
-            if alt.candidates.len() - pos < left {
-                break;
-            }
-            self.step()?;
-            let device = alt.candidates[pos];
-            let Some(saved) = self.take(&alt.name, device) else {
-                continue;
-            };
-            picked.push(device);
-            if self.pick(request, a, left - 1, pos + 1, picked)? {
-                return Ok(true);
-            }
-            picked.pop();
-            self.give_back(device, saved);
-        }
-        Ok(false)
-    }
-
-    /// `All`: every matching device, each usable, at least one.
-    fn take_all(&mut self, request: usize, a: usize) -> Result<bool, String> {
-        let alt = &self.requests[request].alternatives[a];
-        if alt.matching.is_empty()
-            || alt.matching.len() != alt.candidates.len()
-            || alt.matching.len() > MAX_DEVICES_PER_CLAIM
-        {
-            return Ok(false);
-        }
-        let before = self.values.clone();
-        let mut taken = Vec::new();
-        for &device in &alt.candidates {
-            self.step()?;
-            if self.taken.contains(&device) {
-                self.undo_all(&taken, before);
-                return Ok(false);
-            }
-            if self.take(&alt.name, device).is_none() {
-                return Err(format!(
-                    "request {}: cannot add device {} because a claim constraint would not be satisfied",
-                    alt.name, self.devices[device].id
-                ));
-            }
-            taken.push(device);
-        }
-        self.chosen.push((a, taken.clone()));
-        if self.solve(request + 1)? {
-            return Ok(true);
-        }
-        self.chosen.pop();
-        self.undo_all(&taken, before);
-        Ok(false)
-    }
-
-    fn undo_all(&mut self, taken: &[usize], values: Vec<Option<AttributeValue>>) {
-        for device in taken {
-            self.taken.remove(device);
-        }
-        self.values = values;
-    }
-
-    /// Takes `device` for the alternative named `name` if the claim does not
-    /// hold it yet and every constraint covering `name` allows it; returns
-    /// the constraint values to restore when giving it back.
-    fn take(&mut self, name: &str, device: usize) -> Option<Vec<Option<AttributeValue>>> {
-        if self.taken.contains(&device) {
-            return None;
-        }
-        let saved = self.values.clone();
-        for (i, constraint) in self.constraints.iter().enumerate() {
-            if !constraint.covers(name) {
-                continue;
-            }
-            let Some(value) = constraint.value_of(&self.devices[device]) else {
-                self.values = saved;
-                return None;
-            };
-            match &self.values[i] {
-                Some(pinned) if *pinned != value => {
-                    self.values = saved;
-                    return None;
-                }
-                Some(_) => {}
-                None => self.values[i] = Some(value),
-            }
-        }
-        self.taken.insert(device);
-        Some(saved)
-    }
-
-    fn give_back(&mut self, device: usize, saved: Vec<Option<AttributeValue>>) {
-        self.taken.remove(&device);
-        self.values = saved;
-    }
 }
 
 /// The allocation result for the chosen devices.

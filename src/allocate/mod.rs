@@ -8,6 +8,7 @@
 pub mod allocator;
 pub mod inventory;
 pub mod quantity;
+mod search;
 pub mod selector;
 pub mod semver;
 

@@ -396,9 +396,10 @@ where
     }
 }
 
-/// The connector: TCP with the settings above, then TLS offering HTTP/2 and
-/// HTTP/1.1 (the server picks; plain `http://` URLs speak HTTP/1.1).
-fn connector(config: &kube::Config) -> anyhow::Result<hyper_rustls::HttpsConnector<HttpConnector>> {
+/// The connector: TCP with the settings above (through the kubeconfig's
+/// `proxy-url`, if any: [`proxy`]), then TLS offering HTTP/2 and HTTP/1.1
+/// (the server picks; plain `http://` URLs speak HTTP/1.1).
+fn connector(config: &kube::Config) -> anyhow::Result<hyper_rustls::HttpsConnector<proxy::Dial>> {
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
     tcp.set_nodelay(true);
@@ -407,13 +408,11 @@ fn connector(config: &kube::Config) -> anyhow::Result<hyper_rustls::HttpsConnect
     tcp.set_keepalive_interval(Some(TCP_KEEPALIVE_INTERVAL));
     tcp.set_keepalive_retries(Some(TCP_KEEPALIVE_RETRIES));
     tcp.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT));
-    if let Some(proxy) = &config.proxy_url {
-        anyhow::bail!(
-            "the kubeconfig's cluster sets proxy-url {proxy}, which this controller does not \
-             support: remove proxy-url (reach the API server directly or through a load \
-             balancer)"
-        );
-    }
+    let proxy = match &config.proxy_url {
+        Some(url) => Some(proxy::parse(&url.to_string())?),
+        None => proxy::from_environment(&config.cluster_url, |name| std::env::var(name).ok())?,
+    };
+    let dial = proxy::Dial::new(tcp, proxy)?;
     let tls = config
         .rustls_client_config()
         .context("TLS settings of the client configuration")?;
@@ -428,7 +427,7 @@ fn connector(config: &kube::Config) -> anyhow::Result<hyper_rustls::HttpsConnect
         builder =
             builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
-    Ok(builder.enable_http1().enable_http2().wrap_connector(tcp))
+    Ok(builder.enable_http1().enable_http2().wrap_connector(dial))
 }
 
 /// The pooled HTTP client over [`connector`], with HTTP/2 health checks.
@@ -482,5 +481,6 @@ pub fn service(config: &kube::Config) -> anyhow::Result<ClientTransport> {
         .boxed())
 }
 
+pub mod proxy;
 #[cfg(test)]
 mod tests;

@@ -25,6 +25,7 @@ pub mod cluster;
 pub mod ctx;
 pub mod fault_proxy;
 pub mod faults;
+pub mod forward_proxy;
 pub mod helm;
 pub mod image;
 pub mod invariants;
