@@ -33,14 +33,16 @@ fn in_group() -> Value {
 
 /// The cluster these tests share: CRDs `crds` (applied before the control
 /// plane starts, so that the autoscaler and the garbage collector know
-/// them), the chart's RBAC for `values`, the control plane with the
-/// autoscaler's CapacityBuffer flags, and the controller with `flags`.
-/// `None` after one SKIP line when a binary (or Helm) is missing.
+/// them), the chart's RBAC for `values`, the control plane with further
+/// autoscaler flags (its CapacityBuffer ones need the buffer CRD: it waits
+/// for their watch), and the controller with `flags`. `None` after one
+/// SKIP line when a binary (or Helm) is missing.
 async fn cluster(
     name: &'static str,
     flags: &[&str],
     values: &[(&str, &str)],
     crds: &[String],
+    autoscaler_flags: &[&str],
 ) -> Option<(TestCtx, ControlPlane, kube::Client)> {
     let bins = binaries_or_skip(name)?;
     let mut extra_args = vec!["--controllers=resourceclaim,headroom".to_string()];
@@ -68,7 +70,7 @@ async fn cluster(
         println!("SKIP: {name}: Helm is not available to render the chart's RBAC");
         return None;
     }
-    let plane = control_plane_with(&mut t, &bins, &CAPACITY_BUFFER_FLAGS).await;
+    let plane = control_plane_with(&mut t, &bins, autoscaler_flags).await;
     t.isolated_env().start_controller().await.unwrap();
     Some((t, plane, admin))
 }
@@ -83,7 +85,9 @@ fn buffer_crd() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn active_capacity_buffer_with_a_device_claim_adds_no_node() {
     const NAME: &str = "active_capacity_buffer_with_a_device_claim_adds_no_node";
-    let Some((t, plane, admin)) = cluster(NAME, &[], &[], &[buffer_crd()]).await else {
+    let Some((t, plane, admin)) =
+        cluster(NAME, &[], &[], &[buffer_crd()], &CAPACITY_BUFFER_FLAGS).await
+    else {
         return;
     };
     one_device_template(&t, "one-gpu", DRIVER).await;
@@ -151,6 +155,7 @@ async fn our_buffer_strategy_adds_a_node_and_yields_to_a_real_pod() {
         &["--headroom-capacity-buffers=true"],
         &[("headroom.capacityBuffers.enabled", "true")],
         &[buffer_crd()],
+        &CAPACITY_BUFFER_FLAGS,
     )
     .await
     else {
@@ -235,16 +240,27 @@ async fn a_seed_watermark_drives_a_scale_up() {
         crate::helm::chart_dir().join("files/seed-nodescalingwatermarks.yaml"),
     )
     .unwrap();
-    let Some((t, _plane, admin)) = cluster(
+    let Some((t, plane, admin)) = cluster(
         NAME,
         &["--headroom-seed-watermarks=true"],
         &[("headroom.seedOperator.enabled", "true")],
         &[seed_crd],
+        &[],
     )
     .await
     else {
         return;
     };
+    // The seed's default class, which its installation created and a
+    // migration keeps (docs/headroom.md): above the autoscaler's
+    // expendable cutoff.
+    crate::headroom::priority_class(
+        &admin,
+        dra_claim_controller::controllers::headroom::seed::DEFAULT_PRIORITY_CLASS,
+        -1,
+        true,
+    )
+    .await;
     let pods: Api<Pod> = Api::namespaced(t.client.clone(), &t.ns);
     let web: Pod = serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {
         "nodeSelector": in_group(),
@@ -280,14 +296,25 @@ async fn a_seed_watermark_drives_a_scale_up() {
         )
         .await
         .unwrap();
+    let label = dra_claim_controller::naming::SEED_PLACEHOLDER_LABEL;
     let second = wait_for("a second node", SCALE_UP, async || {
         let nodes = nodes_with_devices(&admin).await?;
-        ensure!(nodes.len() >= 2, "nodes {nodes:?}");
+        let placeholders = pods.list(&ListParams::default().labels(label)).await?;
+        let bound = placeholders
+            .iter()
+            .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+            .count();
+        let status = seeds.get("gpu-group").await?.data["status"].clone();
+        ensure!(
+            nodes.len() >= 2,
+            "nodes {nodes:?}; {} seed placeholders, {bound} bound; watermark status {status}; autoscaler: {}",
+            placeholders.items.len(),
+            plane.autoscaler.grep("nschedulable", 6)
+        );
         Ok(nodes)
     })
     .await;
     let to_node = started.elapsed();
-    let label = dra_claim_controller::naming::SEED_PLACEHOLDER_LABEL;
     let nodes_of_placeholders = wait_for("3 seed placeholders bound", SCALE_UP, async || {
         let placeholders = pods.list(&ListParams::default().labels(label)).await?;
         let nodes: Vec<String> = placeholders

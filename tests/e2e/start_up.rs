@@ -359,63 +359,72 @@ async fn each_resource_kind_is_listed_and_watched_once() {
 
 /// A kubeconfig's `proxy-url` is honoured as kubectl honours it: the
 /// controller and the kubectl plugin reach the API server through an HTTP
-/// proxy (CONNECT) and through a SOCKS5 proxy, and do their work.
+/// proxy (CONNECT), and do their work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_api_server_is_reached_through_a_kubeconfig_proxy_url() {
-    use crate::forward_proxy::{ForwardProxy, Kind};
-    const NAME: &str = "the_api_server_is_reached_through_a_kubeconfig_proxy_url";
-    for (i, kind) in [Kind::HttpConnect, Kind::Socks5].into_iter().enumerate() {
-        let Some(mut t) = TestCtx::isolated(NAME, ControllerOpts::default(), 0).await else {
-            return;
-        };
-        let proxy = ForwardProxy::start(kind).await.unwrap();
-        let cluster = &t.isolated_env().cluster;
-        let (controller_kc, admin_kc) = (
-            cluster.controller_kubeconfig.clone(),
-            cluster.admin_kubeconfig.clone(),
-        );
-        let via_proxy = proxy
-            .write_kubeconfig(
-                &controller_kc,
-                &cluster.dir.join(format!("via-proxy-{i}.kubeconfig")),
-            )
-            .unwrap();
-        let admin_via_proxy = proxy
-            .write_kubeconfig(
-                &admin_kc,
-                &cluster.dir.join(format!("admin-via-proxy-{i}.kubeconfig")),
-            )
-            .unwrap();
-        t.isolated_env()
-            .start_controller_with_kubeconfig(&via_proxy)
-            .await
-            .expect("the controller starts through the proxy");
-        t.create_template("gpu-template").await;
-        t.create_pod("p", &[("gpu", Source::Template("gpu-template"))], None)
-            .await;
-        t.wait_recorded("p", &["gpu"]).await;
-        let by_controller = proxy.tunnels();
-        assert!(
-            by_controller > 0,
-            "{kind:?}: the controller went through the proxy"
-        );
-        let audit = crate::drain_check::run(
-            "kubectl-dra",
-            &admin_via_proxy,
-            &["audit", "-A", "-o", "json"],
-        )
+async fn the_api_server_is_reached_through_an_http_proxy() {
+    through_a_proxy(
+        "the_api_server_is_reached_through_an_http_proxy",
+        crate::forward_proxy::Kind::HttpConnect,
+    )
+    .await;
+}
+
+/// The same through a SOCKS5 proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_is_reached_through_a_socks5_proxy() {
+    through_a_proxy(
+        "the_api_server_is_reached_through_a_socks5_proxy",
+        crate::forward_proxy::Kind::Socks5,
+    )
+    .await;
+}
+
+async fn through_a_proxy(name: &'static str, kind: crate::forward_proxy::Kind) {
+    use crate::forward_proxy::ForwardProxy;
+    let Some(mut t) = TestCtx::isolated(name, ControllerOpts::default(), 0).await else {
+        return;
+    };
+    let proxy = ForwardProxy::start(kind).await.unwrap();
+    let cluster = &t.isolated_env().cluster;
+    let (controller_kc, admin_kc) = (
+        cluster.controller_kubeconfig.clone(),
+        cluster.admin_kubeconfig.clone(),
+    );
+    let via_proxy = proxy
+        .write_kubeconfig(&controller_kc, &cluster.dir.join("via-proxy.kubeconfig"))
+        .unwrap();
+    let admin_via_proxy = proxy
+        .write_kubeconfig(&admin_kc, &cluster.dir.join("admin-via-proxy.kubeconfig"))
+        .unwrap();
+    t.isolated_env()
+        .start_controller_with_kubeconfig(&via_proxy)
+        .await
+        .expect("the controller starts through the proxy");
+    t.create_template("gpu-template").await;
+    t.create_pod("p", &[("gpu", Source::Template("gpu-template"))], None)
         .await;
-        assert_eq!(audit.code, 0, "{kind:?}: {audit:?}");
-        assert_eq!(audit.json()["kind"], "AuditReport");
-        assert!(
-            proxy.tunnels() > by_controller,
-            "{kind:?}: the plugin went through the proxy"
-        );
-        println!(
-            "PROXY: {NAME}: {kind:?} ({}): {} tunnel(s), claim recorded, kubectl dra audit answered",
-            proxy.url(),
-            proxy.tunnels()
-        );
-        t.finish();
-    }
+    t.wait_recorded("p", &["gpu"]).await;
+    let by_controller = proxy.tunnels();
+    assert!(
+        by_controller > 0,
+        "{kind:?}: the controller went through the proxy"
+    );
+    let audit = crate::drain_check::run(
+        "kubectl-dra",
+        &admin_via_proxy,
+        &["audit", "-A", "-o", "json"],
+    )
+    .await;
+    assert_eq!(audit.code, 0, "{kind:?}: {audit:?}");
+    assert_eq!(audit.json()["kind"], "AuditReport");
+    assert!(
+        proxy.tunnels() > by_controller,
+        "{kind:?}: the plugin went through the proxy"
+    );
+    println!(
+        "PROXY: {name}: {} tunnel(s) through {}, claim recorded, kubectl dra audit answered",
+        proxy.tunnels(),
+        proxy.url()
+    );
+    t.finish();
 }
