@@ -382,9 +382,17 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     // A standby may take the lead long after it started, on an upgraded
     // cluster: its rules must be those of the release serving now.
+    // The read is retried within the renew deadline at most: a leader must
+    // not hold the Lease doing nothing while /version stays unanswered, so
+    // past it the release read at start stands.
     if args.reference_release == ReferenceRelease::Auto {
+        let bound = args.leader_elect_renew_deadline.0;
+        let reread = tokio::time::timeout(
+            bound,
+            reference_release(&client_for_version, ReferenceRelease::Auto, &health),
+        );
         let now = tokio::select! {
-            now = reference_release(&client_for_version, ReferenceRelease::Auto, &health) => now?.0,
+            now = reread => now,
             reason = &mut lost => {
                 error!(reason = %reason, "lost leadership while reading the release; exiting");
                 return Ok(ExitCode::from(1));
@@ -395,10 +403,20 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
         };
-        if now != release {
-            warn!(started_as = %release, serving = %now, "the API server's release changed since start; restarting to follow it");
-            leader.release().await;
-            return Ok(ExitCode::from(1));
+        match now {
+            Ok(Ok((now, _))) if now != release => {
+                warn!(started_as = %release, serving = %now, "the API server's release changed since start; restarting to follow it");
+                leader.release().await;
+                return Ok(ExitCode::from(1));
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                warn!(release = %release, error = %format!("{e:#}"), "reading the release again at takeover failed; acting under the release read at start");
+            }
+            Err(_) => {
+                health.set_waiting_for(None);
+                warn!(release = %release, bound_s = bound.as_secs_f64(), "the release was not read again within the renew deadline at takeover; acting under the release read at start");
+            }
         }
     }
     controller.start_leading();

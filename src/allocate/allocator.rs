@@ -20,9 +20,8 @@ use super::inventory::{Inventory, NodeDevice};
 use super::selector::Selector;
 use crate::model::DeviceId;
 
-/// The most devices one claim may be allocated (the API's limit).
-pub const MAX_DEVICES_PER_CLAIM: usize = 32;
-pub use super::search::{MAX_SEARCH_STEPS, MAX_SEARCH_TIME};
+use super::search::{Alternative, MatchConstraint, Mode, Request, Tally};
+pub use super::search::{MAX_DEVICES_PER_CLAIM, MAX_SEARCH_STEPS, MAX_SEARCH_TIME};
 
 /// Everything the allocator looks at.
 pub struct AllocationInput<'a> {
@@ -50,53 +49,6 @@ pub enum Outcome {
     /// allocator does not do, or is wrong; retrying will not help until it
     /// is changed. The text names the object and field.
     Refused(String),
-}
-
-/// How many devices a request alternative takes.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) enum Mode {
-    Count(usize),
-    All,
-}
-
-/// One way to satisfy a request: the request itself (`exactly`) or one of
-/// its subrequests (`firstAvailable`).
-pub(super) struct Alternative {
-    /// The name results use: `req` or `req/sub`.
-    pub(super) name: String,
-    class_name: String,
-    pub(super) mode: Mode,
-    admin: bool,
-    tolerations: Vec<DeviceToleration>,
-    /// Indices into the inventory of devices it may take, in order.
-    pub(super) candidates: Vec<usize>,
-    /// For `All`: every device its selectors match, usable or not.
-    pub(super) matching: Vec<usize>,
-    tally: Tally,
-}
-
-/// Why devices were not offered to an alternative, for the failure message.
-#[derive(Clone, Debug, Default)]
-struct Tally {
-    total: usize,
-    class_rejected: usize,
-    request_rejected: usize,
-    unsupported: usize,
-    tainted: usize,
-    in_use: usize,
-    free: usize,
-}
-
-pub(super) struct Request {
-    /// The request's own name (the parent of subrequests).
-    name: String,
-    pub(super) alternatives: Vec<Alternative>,
-}
-
-pub(super) struct MatchConstraint {
-    /// Request names (`req` or `req/sub`) it covers; empty: all.
-    pub(super) requests: Vec<String>,
-    pub(super) attribute: String,
 }
 
 /// The stack of the thread an allocation runs on. Parsing and evaluating a
@@ -199,8 +151,11 @@ fn allocate_here(input: &AllocationInput) -> Outcome {
         chosen: Vec::new(),
         steps: 0,
         deadline: std::time::Instant::now() + MAX_SEARCH_TIME,
+        timed_out: false,
     };
     match search.solve(0) {
+        // Unsatisfiable for now: looked at again, and other orders tried.
+        Err(why) if search.timed_out => Outcome::Unsatisfiable(format!("claim {claim_key}: {why}")),
         Err(refusal) => Outcome::Refused(format!("claim {claim_key}: {refusal}")),
         Ok(true) => Outcome::Allocated(result(input, &requests, &search.chosen)),
         Ok(false) => Outcome::Unsatisfiable(explain(input, &requests, &constraints)),

@@ -4,9 +4,13 @@
 
 use std::collections::HashSet;
 
-use super::allocator::{MAX_DEVICES_PER_CLAIM, MatchConstraint, Mode, Request};
+use k8s_openapi::api::resource::v1::DeviceToleration;
+
 use super::inventory::NodeDevice;
 use super::selector::AttributeValue;
+
+/// The most devices one claim may be allocated (the API's limit).
+pub const MAX_DEVICES_PER_CLAIM: usize = 32;
 
 /// Search steps before giving up on a claim: a bound on CPU per attempt.
 pub const MAX_SEARCH_STEPS: usize = 200_000;
@@ -16,6 +20,53 @@ pub const MAX_SEARCH_STEPS: usize = 200_000;
 pub const MAX_SEARCH_TIME: std::time::Duration = std::time::Duration::from_secs(1);
 /// How many steps go by between looks at the clock.
 const STEPS_PER_CLOCK_CHECK: usize = 256;
+
+/// How many devices a request alternative takes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Mode {
+    Count(usize),
+    All,
+}
+
+/// One way to satisfy a request: the request itself (`exactly`) or one of
+/// its subrequests (`firstAvailable`).
+pub(super) struct Alternative {
+    /// The name results use: `req` or `req/sub`.
+    pub(super) name: String,
+    pub(super) class_name: String,
+    pub(super) mode: Mode,
+    pub(super) admin: bool,
+    pub(super) tolerations: Vec<DeviceToleration>,
+    /// Indices into the inventory of devices it may take, in order.
+    pub(super) candidates: Vec<usize>,
+    /// For `All`: every device its selectors match, usable or not.
+    pub(super) matching: Vec<usize>,
+    pub(super) tally: Tally,
+}
+
+/// Why devices were not offered to an alternative, for the failure message.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Tally {
+    pub(super) total: usize,
+    pub(super) class_rejected: usize,
+    pub(super) request_rejected: usize,
+    pub(super) unsupported: usize,
+    pub(super) tainted: usize,
+    pub(super) in_use: usize,
+    pub(super) free: usize,
+}
+
+pub(super) struct Request {
+    /// The request's own name (the parent of subrequests).
+    pub(super) name: String,
+    pub(super) alternatives: Vec<Alternative>,
+}
+
+pub(super) struct MatchConstraint {
+    /// Request names (`req` or `req/sub`) it covers; empty: all.
+    pub(super) requests: Vec<String>,
+    pub(super) attribute: String,
+}
 
 impl MatchConstraint {
     fn covers(&self, alternative: &str) -> bool {
@@ -48,6 +99,10 @@ pub(super) struct Search<'a> {
     pub(super) steps: usize,
     /// When the search gives up ([`MAX_SEARCH_TIME`] after it started).
     pub(super) deadline: std::time::Instant,
+    /// Whether it gave up at its deadline: that depends on the machine's
+    /// load, not on the claim, so the claim is tried again later instead
+    /// of being refused.
+    pub(super) timed_out: bool,
 }
 
 impl Search<'_> {
@@ -82,9 +137,9 @@ impl Search<'_> {
         if self.steps.is_multiple_of(STEPS_PER_CLOCK_CHECK)
             && std::time::Instant::now() >= self.deadline
         {
+            self.timed_out = true;
             return Err(format!(
-                "no allocation found within {} ms of search ({} steps); simplify the claim's \
-                 requests and constraints",
+                "no allocation found within {} ms of search ({} steps); tried again later",
                 MAX_SEARCH_TIME.as_millis(),
                 self.steps
             ));
@@ -223,6 +278,7 @@ mod search_bounds {
             chosen: Vec::new(),
             steps: 0,
             deadline: std::time::Instant::now(),
+            timed_out: false,
         };
         let mut refusal = None;
         for _ in 0..STEPS_PER_CLOCK_CHECK {
@@ -233,6 +289,7 @@ mod search_bounds {
         }
         let refusal = refusal.expect("refused within one clock check");
         assert!(refusal.contains("ms of search"), "{refusal}");
+        assert!(search.timed_out, "a time-out, not a refusal of the claim");
         assert_eq!(search.steps, STEPS_PER_CLOCK_CHECK);
     }
 }

@@ -174,6 +174,10 @@ pub struct ApiserverOptions {
     /// Write an audit log of every list and watch request (at receipt) to
     /// [`Cluster::audit_log`], so that a test can count them.
     pub audit_list_watch: bool,
+    /// API Priority and Fairness on (it is off otherwise, so that no test
+    /// waits in its queues by chance), with this many seats: (read-only,
+    /// mutating) in flight, split among the built-in priority levels.
+    pub priority_and_fairness: Option<(u32, u32)>,
 }
 
 const AUDIT_LOG: &str = "audit.log";
@@ -501,12 +505,19 @@ async fn start_apiserver(
             },
             // Nothing to reconcile the "kubernetes" Service endpoints for.
             "--endpoint-reconciler-type=none".into(),
-            "--enable-priority-and-fairness=false".into(),
+            match options.priority_and_fairness {
+                Some(_) => "--enable-priority-and-fairness=true".into(),
+                None => "--enable-priority-and-fairness=false".into(),
+            },
             "--profiling=false".into(),
             "--v=1".into(),
         ];
         if !gates.is_empty() {
             args.push(format!("--feature-gates={gates}"));
+        }
+        if let Some((reads, writes)) = options.priority_and_fairness {
+            args.push(format!("--max-requests-inflight={reads}"));
+            args.push(format!("--max-mutating-requests-inflight={writes}"));
         }
         if options.audit_list_watch {
             let policy = dir.join("audit-policy.yaml");

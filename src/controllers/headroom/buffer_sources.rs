@@ -2,24 +2,20 @@
 //! Deployment, ReplicaSet, StatefulSet or Job it scales with) and the
 //! watches that make a buffer follow a change of that object within
 //! seconds. One watch per kind, started when a buffer first names that
-//! kind, reading metadata only and keeping only the objects some buffer
+//! kind, decoding only metadata and keeping only the objects some buffer
 //! names; a change of their generation (of any version, for a PodTemplate,
 //! which has none) queues the buffers that name them. The sync still reads
-//! the object itself live.
+//! the object itself live. (The watches themselves: `source_watches.rs`.)
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Api;
 use kube::api::{ApiResource, GroupVersionKind};
 use serde::Deserialize;
 use tokio::sync::watch;
 
 use super::buffer::BufferSpec;
-use super::controller::{BUFFER_KEY_PREFIX, Controller};
-use crate::runtime::informer::{Handler, Informer};
-use crate::runtime::store::object_key;
 
 /// A kind a buffer's pod shape is read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -76,7 +72,7 @@ impl SourceKind {
             .and_then(|r| i32::try_from(r).ok())
     }
 
-    fn label(self) -> &'static str {
+    pub(super) fn label(self) -> &'static str {
         match self {
             SourceKind::PodTemplate => "podtemplates (CapacityBuffer shapes)",
             SourceKind::Deployment => "deployments (CapacityBuffer shapes)",
@@ -148,7 +144,7 @@ impl kube::Resource for SourceView {
 
 /// What says a source changed in a way that matters: its generation, or
 /// for objects without one (PodTemplates) its version.
-fn revision(meta: &ObjectMeta) -> String {
+pub(super) fn revision(meta: &ObjectMeta) -> String {
     match meta.generation {
         Some(generation) => generation.to_string(),
         None => meta.resource_version.clone().unwrap_or_default(),
@@ -159,8 +155,8 @@ fn revision(meta: &ObjectMeta) -> String {
 /// last revision seen of each named object.
 #[derive(Debug)]
 pub(super) struct Sources {
-    wanted: watch::Sender<BTreeSet<SourceKind>>,
-    seen: Mutex<HashMap<(SourceKind, String), String>>,
+    pub(super) wanted: watch::Sender<BTreeSet<SourceKind>>,
+    pub(super) seen: Mutex<HashMap<(SourceKind, String), String>>,
 }
 
 impl Default for Sources {
@@ -176,138 +172,6 @@ impl Sources {
     /// A buffer names `kind`: its watch starts if it has not.
     pub(super) fn want(&self, kind: SourceKind) {
         self.wanted.send_if_modified(|kinds| kinds.insert(kind));
-    }
-}
-
-impl Controller {
-    /// The buffer keys whose pod shape is read from `kind` `namespace/name`
-    /// (`name` `None`: any of that kind).
-    fn buffers_reading(
-        &self,
-        kind: SourceKind,
-        namespace: &str,
-        name: Option<&str>,
-    ) -> Vec<String> {
-        self.buffers
-            .list()
-            .iter()
-            .filter(|b| b.spec.is_ours() && (name.is_none() || b.namespace() == namespace))
-            .filter(|b| {
-                source_of(&b.spec)
-                    .is_ok_and(|(k, n)| k == kind && name.is_none_or(|want| want == n))
-            })
-            .map(|b| format!("{BUFFER_KEY_PREFIX}{}", object_key(b.namespace(), b.name())))
-            .collect()
-    }
-
-    /// Runs the source watches as buffers come to name their kinds, until
-    /// the process ends.
-    pub(super) async fn run_source_watches(self: &Arc<Self>) {
-        let mut wanted = self.sources.wanted.subscribe();
-        let mut started: BTreeSet<SourceKind> = BTreeSet::new();
-        let mut running = futures::stream::FuturesUnordered::new();
-        loop {
-            let now: Vec<SourceKind> = wanted
-                .borrow_and_update()
-                .iter()
-                .filter(|k| !started.contains(*k))
-                .copied()
-                .collect();
-            for kind in now {
-                started.insert(kind);
-                let controller = self.clone();
-                running.push(async move {
-                    let informer = Informer::new(kind.label());
-                    let api =
-                        Api::<SourceView>::all_with(controller.client.clone(), &kind.resource());
-                    let handler = SourceEvents {
-                        controller: &controller,
-                        kind,
-                    };
-                    informer.run(api, &handler).await;
-                });
-            }
-            tokio::select! {
-                changed = wanted.changed() => if changed.is_err() { break },
-                Some(()) = futures::StreamExt::next(&mut running) => {}
-            }
-        }
-        // Nothing more will be wanted: the started watches run on.
-        while futures::StreamExt::next(&mut running).await.is_some() {}
-    }
-}
-
-/// One source kind's watch events.
-struct SourceEvents<'a> {
-    controller: &'a Controller,
-    kind: SourceKind,
-}
-
-impl SourceEvents<'_> {
-    fn named(&self, meta: &ObjectMeta) -> Vec<String> {
-        self.controller.buffers_reading(
-            self.kind,
-            meta.namespace.as_deref().unwrap_or_default(),
-            meta.name.as_deref(),
-        )
-    }
-
-    fn key(&self, meta: &ObjectMeta) -> (SourceKind, String) {
-        let key = object_key(
-            meta.namespace.as_deref().unwrap_or_default(),
-            meta.name.as_deref().unwrap_or_default(),
-        );
-        (self.kind, key)
-    }
-}
-
-impl Handler<SourceView> for SourceEvents<'_> {
-    /// Only the objects some buffer names are kept (a cluster's
-    /// Deployments are many, its buffers few).
-    fn admit(&self, obj: SourceView) -> Option<SourceView> {
-        (!self.named(&obj.metadata).is_empty()).then_some(obj)
-    }
-    fn relisted(&self, objects: Vec<SourceView>) {
-        let mut seen = self.controller.sources.seen.lock().unwrap();
-        seen.retain(|(kind, _), _| *kind != self.kind);
-        for obj in &objects {
-            seen.insert(self.key(&obj.metadata), revision(&obj.metadata));
-        }
-        drop(seen);
-        for key in self.controller.buffers_reading(self.kind, "", None) {
-            self.controller.enqueue(key);
-        }
-    }
-    fn applied(&self, obj: SourceView) {
-        let buffers = self.named(&obj.metadata);
-        if buffers.is_empty() {
-            return;
-        }
-        let now = revision(&obj.metadata);
-        let before = self
-            .controller
-            .sources
-            .seen
-            .lock()
-            .unwrap()
-            .insert(self.key(&obj.metadata), now.clone());
-        // A status update (a rollout's progress) changes no shape.
-        if before.as_deref() != Some(now.as_str()) {
-            for key in buffers {
-                self.controller.enqueue(key);
-            }
-        }
-    }
-    fn deleted(&self, obj: SourceView) {
-        self.controller
-            .sources
-            .seen
-            .lock()
-            .unwrap()
-            .remove(&self.key(&obj.metadata));
-        for key in self.named(&obj.metadata) {
-            self.controller.enqueue(key);
-        }
     }
 }
 

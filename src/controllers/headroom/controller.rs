@@ -101,6 +101,9 @@ impl<T> Default for DeploymentWritten<T> {
 pub(super) struct Placeholders {
     pub(super) namespace: String,
     pub(super) label: String,
+    /// A CapacityBuffer's (their entry label says so): a watermark named
+    /// like a buffer's label never claims the buffer's placeholders.
+    pub(super) of_buffer: bool,
 }
 
 impl Placeholders {
@@ -110,21 +113,27 @@ impl Placeholders {
         if key.starts_with(POD_KEY_PREFIX) || key.starts_with(SEED_KEY_PREFIX) {
             return None;
         }
-        let (label_of, object): (fn(&str) -> String, &str) =
-            match key.strip_prefix(BUFFER_KEY_PREFIX) {
-                Some(buffer) => (super::buffer::placeholder_label, buffer),
-                None => (str::to_string, key),
-            };
+        let (of_buffer, object) = match key.strip_prefix(BUFFER_KEY_PREFIX) {
+            Some(buffer) => (true, buffer),
+            None => (false, key),
+        };
         let (namespace, name) = object.split_once('/')?;
         Some(Placeholders {
             namespace: namespace.to_string(),
-            label: label_of(name),
+            label: if of_buffer {
+                super::buffer::placeholder_label(name)
+            } else {
+                name.to_string()
+            },
+            of_buffer,
         })
     }
 
     /// Whether `pod` is one of these placeholders.
     pub(super) fn holds(&self, pod: &PodView) -> bool {
-        pod.namespace() == self.namespace && pod.placeholder_of() == Some(self.label.as_str())
+        pod.namespace() == self.namespace
+            && pod.placeholder_of() == Some(self.label.as_str())
+            && (pod.placeholder_entry() == Some(super::buffer::BUFFER_ENTRY)) == self.of_buffer
     }
 }
 
@@ -287,10 +296,24 @@ impl Controller {
     pub fn start_leading(&self) {
         self.leading.store(true, Ordering::Release);
         self.enqueue_all();
+        self.enqueue_buffers();
         info!(
             watermarks = self.watermarks.len(),
-            "headroom leading: queued every watermark"
+            buffers = self.buffers.len(),
+            "headroom leading: queued every watermark and buffer"
         );
+    }
+
+    /// Every CapacityBuffer with our strategy. Not part of [`Self::enqueue_all`]:
+    /// that runs on every claim, slice and node change, and a buffer's
+    /// count does not follow those (its sync reads its source live).
+    pub(super) fn enqueue_buffers(&self) {
+        for buffer in self.buffers.list().iter().filter(|b| b.spec.is_ours()) {
+            self.enqueue(format!(
+                "{BUFFER_KEY_PREFIX}{}",
+                object_key(buffer.namespace(), buffer.name())
+            ));
+        }
     }
 
     pub async fn shut_down(&self) {
@@ -402,27 +425,30 @@ impl Controller {
         if let Some(pod) = key.strip_prefix(POD_KEY_PREFIX) {
             return self.yield_for(pod).await;
         }
-        self.sync_door(key).await?;
-        match Placeholders::of_key(key) {
+        let served = self.sync_door(key).await?;
+        match Placeholders::of_key(key).filter(|_| served) {
             Some(placeholders) => self.lift_gates(key, &placeholders).await,
             None => Ok(()),
         }
     }
 
-    /// The placeholders' objects and status of a door's object.
-    async fn sync_door(&self, key: &str) -> Result<(), SyncError> {
+    /// The placeholders' objects and status of a door's object; whether
+    /// the object is there and ours to serve (the placeholders of one that
+    /// is gone keep their gate until the garbage collector takes them).
+    async fn sync_door(&self, key: &str) -> Result<bool, SyncError> {
         if let Some(seed) = key.strip_prefix(SEED_KEY_PREFIX) {
-            return self.sync_seed(seed).await;
+            return self.sync_seed(seed).await.map(|()| true);
         }
         if let Some(buffer) = key.strip_prefix(BUFFER_KEY_PREFIX) {
+            let ours = self.buffers.get(buffer).is_some_and(|b| b.spec.is_ours());
             return match self.buffer_api.get() {
-                Some(api) => self.sync_buffer(buffer, api).await,
-                None => Ok(()),
+                Some(api) => self.sync_buffer(buffer, api).await.map(|()| ours),
+                None => Ok(false),
             };
         }
         let Some(wm) = self.watermarks.get(key) else {
             debug!("watermark is gone; its objects go with it (owner references)");
-            return Ok(());
+            return Ok(false);
         };
         let Plan {
             mut observed,
@@ -453,6 +479,6 @@ impl Controller {
             .insert(key.to_string(), written);
         result?;
         self.yields_unwritten.lock().unwrap().remove(key);
-        Ok(())
+        Ok(true)
     }
 }

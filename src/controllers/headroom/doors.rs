@@ -10,16 +10,18 @@ use std::time::Duration;
 
 use prometheus::IntGaugeVec;
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::runtime::http::Health;
 use crate::runtime::informer::Informer;
 use crate::runtime::retry::Backoff;
-use crate::runtime::startup::probe_served;
+use crate::runtime::startup::{StartupRead, describe_failure, probe_served};
 
 /// How often a closed door asks discovery whether its CRD arrived: one
 /// small GET per door, and a CRD installed now is served within this.
 pub(super) const DOOR_PROBE_PERIOD: Duration = Duration::from_secs(2);
+/// Failed discovery tries after which a door counts as closed.
+const FAILURES_BEFORE_CLOSED: u32 = 3;
 
 /// Where a door stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +79,7 @@ impl Door {
         let part = format!("headroom door {}", self.crd);
         let gauge = served.with_label_values(&[self.crd]);
         let mut backoff = Backoff::default();
+        let mut failures = 0u32;
         loop {
             match probe_served(client, self.group, self.versions, self.plural).await {
                 Ok(Some(version)) => {
@@ -88,6 +91,7 @@ impl Door {
                     return version;
                 }
                 Ok(None) => {
+                    failures = 0;
                     if self.state.send_replace(DoorState::Closed) != DoorState::Closed {
                         warn!(
                             crd = self.crd,
@@ -104,8 +108,35 @@ impl Door {
                     backoff.reset();
                     tokio::time::sleep(DOOR_PROBE_PERIOD).await;
                 }
-                // No answer: asked again soon, without a verdict.
-                Err(_) => tokio::time::sleep(backoff.next_pause().min(DOOR_PROBE_PERIOD)).await,
+                // No answer, or a refusal: asked again soon. After a few
+                // tries the door counts as closed, so that it never holds
+                // the process's start (the claim controller waits for the
+                // doors to settle); it still opens once discovery answers.
+                Err(error) => {
+                    failures += 1;
+                    let why = describe_failure(
+                        StartupRead {
+                            what: self.crd,
+                            permission: "get on the non-resource URL /apis/<group>/<version> of the door's API",
+                        },
+                        &error,
+                    );
+                    if failures == FAILURES_BEFORE_CLOSED
+                        && self.state.send_replace(DoorState::Closed) != DoorState::Closed
+                    {
+                        warn!(
+                            crd = self.crd,
+                            error = %why,
+                            "cannot tell whether the API server serves this CRD; this headroom door \
+                             stays closed until it can (the claim controller and the other doors work)"
+                        );
+                        gauge.set(0);
+                        health.set_note(&part, Some(format!("closed, discovery failed: {why}")));
+                    } else {
+                        debug!(crd = self.crd, error = %why, failures, "discovery of a headroom door failed");
+                    }
+                    tokio::time::sleep(backoff.next_pause().min(DOOR_PROBE_PERIOD)).await;
+                }
             }
         }
     }
@@ -217,6 +248,46 @@ mod tests {
                 .with_label_values(&["capacitybuffers.autoscaling.x-k8s.io"])
                 .get(),
             1
+        );
+    }
+
+    /// Discovery that keeps failing does not hold the start either: after
+    /// a few tries the door counts as closed, and says why.
+    #[tokio::test(start_paused = true)]
+    async fn a_door_whose_discovery_fails_settles_closed() {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let door = std::sync::Arc::new(Door::new(
+            "autoscaling.x-k8s.io",
+            &["v1beta1"],
+            "capacitybuffers",
+            "capacitybuffers.autoscaling.x-k8s.io",
+            "install it",
+        ));
+        let health = Health::default();
+        health.set_ready(true);
+        let gauge = IntGaugeVec::new(prometheus::Opts::new("served", "h"), &["door"]).unwrap();
+        let _opening = tokio::spawn({
+            let (door, health, gauge) = (door.clone(), health.clone(), gauge.clone());
+            async move { door.opened(&client, &health, &gauge).await }
+        });
+        for _ in 0..FAILURES_BEFORE_CLOSED {
+            let (_, send) = handle.next_request().await.unwrap();
+            send.send_response(answer(
+                403,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
+                       "message": "forbidden"}),
+            ));
+        }
+        let _ = handle.next_request().await.unwrap();
+        assert_eq!(door.state(), DoorState::Closed);
+        tokio::time::timeout(Duration::from_millis(1), door.wait_settled())
+            .await
+            .expect("a door that cannot be discovered does not hold the start");
+        let ready = health.readiness().unwrap();
+        assert!(
+            ready.contains("closed, discovery failed: refused (403"),
+            "{ready}"
         );
     }
 }

@@ -241,3 +241,29 @@ async fn a_seed_watermark_gets_the_seeds_deployment_and_conditions() {
     .expect("an unchanged sync sends no request")
     .unwrap();
 }
+
+/// One rule for "a placeholder of ours": by namespace, placeholder label
+/// and whether the door is a buffer; a watermark named like a buffer's
+/// label does not claim the buffer's placeholders, nor the other way.
+#[test]
+fn each_door_holds_only_its_own_placeholders() {
+    use super::controller::Placeholders;
+    let pod = |labels: Value| -> PodView {
+        serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "headroom",
+                                                    "labels": labels}}))
+        .unwrap()
+    };
+    let buffer_pod =
+        pod(json!({WATERMARK_LABEL: "cb.trainers", WATERMARK_ENTRY_LABEL: "capacitybuffer"}));
+    let watermark_pod = pod(json!({WATERMARK_LABEL: "cb.trainers", WATERMARK_ENTRY_LABEL: "gpu"}));
+    let buffer = Placeholders::of_key("buffer:headroom/trainers").unwrap();
+    let watermark = Placeholders::of_key("headroom/cb.trainers").unwrap();
+    assert!(buffer.holds(&buffer_pod));
+    assert!(!buffer.holds(&watermark_pod));
+    assert!(watermark.holds(&watermark_pod));
+    assert!(!watermark.holds(&buffer_pod));
+    let elsewhere = Placeholders::of_key("buffer:other/trainers").unwrap();
+    assert!(!elsewhere.holds(&buffer_pod), "another namespace");
+    assert_eq!(Placeholders::of_key("seed:headroom/x"), None);
+    assert_eq!(Placeholders::of_key("pod:headroom/x"), None);
+}

@@ -38,6 +38,7 @@ mod seed_sync;
 #[cfg(test)]
 mod seed_tests;
 pub mod sizing;
+mod source_watches;
 pub mod status;
 pub mod usage;
 mod watches;

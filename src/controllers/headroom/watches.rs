@@ -119,12 +119,15 @@ impl Controller {
             })
             .map(|wm| object_key(wm.namespace(), wm.name()))
             .collect();
-        // The buffers whose placeholder it is (a new placeholder's gate is
-        // lifted by its buffer's sync).
-        keys.extend(versions().filter_map(|p| {
-            self.door_key_of(p)
-                .filter(|k| k.starts_with(BUFFER_KEY_PREFIX))
-        }));
+        // The buffer whose new placeholder still carries its gate: the
+        // buffer's sync lifts it (other changes of its placeholders move
+        // nothing a buffer counts).
+        keys.extend(
+            versions()
+                .filter(|p| p.spec.placeholder_gate.is_some() && p.node_name().is_none())
+                .filter_map(|p| self.door_key_of(p))
+                .filter(|k| k.starts_with(BUFFER_KEY_PREFIX)),
+        );
         keys.extend(
             self.seed_watermarks
                 .list()
@@ -176,6 +179,14 @@ impl<K: kube::Resource + Send + Sync> Handler<K> for Kept<'_, K> {
                 meta.namespace.as_deref().unwrap_or_default(),
                 meta.name.as_deref().unwrap_or_default(),
             );
+        }
+        // Every object of this door (a change missed in a watch gap comes
+        // back as a relist, not as an event).
+        for obj in self.store.list() {
+            if (self.serves)(&obj) {
+                self.controller
+                    .enqueue(format!("{}{}", self.prefix, key_of(&*obj)));
+            }
         }
         self.controller.enqueue_all();
     }

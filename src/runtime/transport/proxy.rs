@@ -1,7 +1,8 @@
 //! The kubeconfig's `proxy-url` (or, without one, `HTTPS_PROXY`/`HTTP_PROXY`
 //! and `NO_PROXY` from the environment), as kubectl honours it: the API server is
-//! reached through an HTTP proxy (`http://` or `https://` proxy URL; a
-//! CONNECT tunnel, so TLS stays end to end with the API server) or a
+//! reached through an HTTP proxy (`http://` proxy URL; a CONNECT tunnel, so
+//! TLS stays end to end with the API server; a proxy spoken to over TLS,
+//! `https://`, is refused with a message) or a
 //! SOCKS5 proxy (`socks5://`, names resolved by the proxy as Go's dialer
 //! does). Credentials in the URL are sent to the proxy (Basic for HTTP,
 //! user/password for SOCKS5). The tunnel is made over the same TCP
@@ -49,18 +50,26 @@ pub enum ProxyKind {
 pub fn parse(proxy_url: &str) -> anyhow::Result<ProxySettings> {
     let uri: Uri = proxy_url
         .parse()
-        .with_context(|| format!("the kubeconfig's proxy-url {proxy_url:?} is not a URL"))?;
+        .with_context(|| format!("the proxy URL {proxy_url:?} is not a URL"))?;
     let kind = match uri.scheme_str() {
-        Some("http" | "https") => ProxyKind::Http,
+        Some("http") => ProxyKind::Http,
         Some("socks5" | "socks5h") => ProxyKind::Socks5,
+        // The hop to such a proxy would need TLS of its own; sending the
+        // CONNECT (and its credentials) in the clear to it instead would
+        // fail at best.
+        Some("https") => bail!(
+            "the proxy URL {proxy_url:?} asks for TLS to the proxy itself, which is not \
+             supported: use http:// (the tunnel still carries TLS end to end to the API server) \
+             or socks5://"
+        ),
         other => bail!(
-            "the kubeconfig's proxy-url {proxy_url:?} has scheme {other:?}; http, https, socks5 \
-             and socks5h are understood, as by kubectl"
+            "the proxy URL {proxy_url:?} has scheme {other:?}; http, socks5 and socks5h are \
+             understood"
         ),
     };
     let authority = uri
         .authority()
-        .with_context(|| format!("the kubeconfig's proxy-url {proxy_url:?} names no host"))?;
+        .with_context(|| format!("the proxy URL {proxy_url:?} names no host"))?;
     let (credentials, host_port) = match authority.as_str().rsplit_once('@') {
         Some((userinfo, host_port)) => {
             let (user, pass) = userinfo.split_once(':').unwrap_or((userinfo, ""));
@@ -68,10 +77,9 @@ pub fn parse(proxy_url: &str) -> anyhow::Result<ProxySettings> {
         }
         None => (None, authority.as_str()),
     };
-    let default_port = match uri.scheme_str() {
-        Some("https") => 443,
-        Some("http") => 80,
-        _ => 1080,
+    let default_port = match kind {
+        ProxyKind::Http => 80,
+        ProxyKind::Socks5 => 1080,
     };
     let host_port = if host_port
         .rsplit_once(':')
@@ -84,7 +92,7 @@ pub fn parse(proxy_url: &str) -> anyhow::Result<ProxySettings> {
     // The tunnel's first hop is plain TCP to the proxy.
     let address: Uri = format!("http://{host_port}")
         .parse()
-        .with_context(|| format!("the kubeconfig's proxy-url {proxy_url:?}"))?;
+        .with_context(|| format!("the proxy URL {proxy_url:?}"))?;
     Ok(ProxySettings {
         kind,
         address,
@@ -102,10 +110,11 @@ pub fn from_environment(
     server: &Uri,
     env: impl Fn(&str) -> Option<String>,
 ) -> anyhow::Result<Option<ProxySettings>> {
+    // As Go: the upper-case name first, an empty value as unset.
     let read = |name: &str| {
         env(name)
-            .or_else(|| env(&name.to_lowercase()))
             .filter(|v| !v.is_empty())
+            .or_else(|| env(&name.to_lowercase()).filter(|v| !v.is_empty()))
     };
     let variable = match server.scheme_str() {
         Some("https") => "HTTPS_PROXY",
@@ -148,7 +157,7 @@ fn decode(part: &str) -> anyhow::Result<String> {
     percent_encoding::percent_decode_str(part)
         .decode_utf8()
         .map(|s| s.into_owned())
-        .context("the credentials of the kubeconfig's proxy-url are not UTF-8")
+        .context("the credentials of the proxy URL are not UTF-8")
 }
 
 impl Dial {
@@ -229,12 +238,6 @@ mod tests {
                 None,
             ),
             (
-                "https://proxy.corp",
-                ProxyKind::Http,
-                "http://proxy.corp:443/",
-                None,
-            ),
-            (
                 "http://proxy.corp",
                 ProxyKind::Http,
                 "http://proxy.corp:80/",
@@ -277,6 +280,11 @@ mod tests {
         }
         let err = parse("ftp://proxy:21").unwrap_err().to_string();
         assert!(err.contains("socks5") && err.contains("ftp"), "{err}");
+        let err = parse("https://proxy.corp").unwrap_err().to_string();
+        assert!(
+            err.contains("TLS to the proxy itself") && err.contains("http://"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -293,7 +301,7 @@ mod tests {
             got.unwrap().map(|p| p.address.to_string())
         };
         type Vars = &'static [(&'static str, &'static str)];
-        let rows: [(Vars, Option<&str>); 9] = [
+        let rows: [(Vars, Option<&str>); 10] = [
             (&[], None),
             (
                 &[("HTTPS_PROXY", "http://proxy:3128")],
@@ -303,6 +311,10 @@ mod tests {
             (
                 &[("HTTPS_PROXY", "http://a:1"), ("https_proxy", "http://b:2")],
                 Some("http://a:1/"),
+            ),
+            (
+                &[("HTTPS_PROXY", ""), ("https_proxy", "http://b:2")],
+                Some("http://b:2/"),
             ),
             // HTTP_PROXY is for http:// servers only.
             (&[("HTTP_PROXY", "http://proxy:3128")], None),
