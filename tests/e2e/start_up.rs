@@ -428,3 +428,78 @@ async fn through_a_proxy(name: &'static str, kind: crate::forward_proxy::Kind) {
     );
     t.finish();
 }
+
+/// A protobuf pod watch whose body ends inside a frame (a connection
+/// closed mid-message, passed on by the proxy as a clean end) is opened
+/// again in protobuf: an early end is a transport fault, not a sign that
+/// the server cannot speak protobuf, and every pod event stays cheap to
+/// decode. The controller keeps recording claims throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_watch_cut_mid_frame_stays_in_protobuf() {
+    const NAME: &str = "a_pod_watch_cut_mid_frame_stays_in_protobuf";
+    let Some(mut t) = TestCtx::isolated(NAME, ControllerOpts::default(), 0).await else {
+        return;
+    };
+    let plan = FaultPlan {
+        truncate: 1000,
+        cut_after: (Duration::from_millis(500), Duration::from_millis(1500)),
+        only: vec!["/api/v1/pods".into()],
+        ..FaultPlan::default()
+    };
+    let proxy = controller_behind_proxy(&mut t, plan).await;
+    t.create_template("gpu-template").await;
+    // Pod events keep flowing, so that truncations land inside frames.
+    let mut created = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while proxy.counts().truncated < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} truncated watch bodies in 60 s",
+            proxy.counts().truncated
+        );
+        t.create_pod(
+            &format!("p-{created}"),
+            &[("gpu", Source::Template("gpu-template"))],
+            None,
+        )
+        .await;
+        created += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Past the truncations: a new watch, and the work goes on.
+    let watches_then = proxy.watch_requests().len();
+    t.create_pod("last", &[("gpu", Source::Template("gpu-template"))], None)
+        .await;
+    t.wait_recorded("last", &["gpu"]).await;
+    crate::k8s::wait_for(
+        "a pod watch after the truncations",
+        Duration::from_secs(30),
+        async || {
+            anyhow::ensure!(proxy.watch_requests().len() > watches_then, "none yet");
+            Ok(())
+        },
+    )
+    .await;
+    let pod_watches: Vec<String> = proxy
+        .watch_requests()
+        .into_iter()
+        .filter(|(path, _)| path == "/api/v1/pods")
+        .map(|(_, accept)| accept)
+        .collect();
+    println!(
+        "PROTOBUF: {NAME}: {} truncated watch bodies, {} pod watches, accepts {:?}",
+        proxy.counts().truncated,
+        pod_watches.len(),
+        pod_watches
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+    );
+    assert!(pod_watches.len() >= 4, "{pod_watches:?}");
+    for accept in &pod_watches {
+        assert!(
+            accept.contains(protobuf::ACCEPT),
+            "every pod watch asks for protobuf, after the cuts too: {pod_watches:?}"
+        );
+    }
+    t.finish();
+}

@@ -74,6 +74,10 @@ pub struct FaultPlan {
     /// Forwarded watch streams cut after a random time in `cut_after`.
     pub cut: u32,
     pub cut_after: (Duration, Duration),
+    /// Forwarded watch streams that, after a random time in `cut_after`,
+    /// pass on the first half of the next chunk and then end cleanly: a
+    /// body that ends inside a message (a connection closed mid-frame).
+    pub truncate: u32,
     /// Forwarded watch streams that go silent (connection kept open) after
     /// a random time in `stall_after`.
     pub stall: u32,
@@ -111,6 +115,7 @@ pub struct FaultCounts {
     pub gone_event: AtomicU64,
     pub gone_http: AtomicU64,
     pub cut: AtomicU64,
+    pub truncated: AtomicU64,
     pub stall: AtomicU64,
     pub lost_create: AtomicU64,
     /// Requests that could not be forwarded (API server down).
@@ -131,6 +136,7 @@ pub struct Counted {
     pub gone_event: u64,
     pub gone_http: u64,
     pub cut: u64,
+    pub truncated: u64,
     pub stall: u64,
     pub lost_create: u64,
     pub upstream_errors: u64,
@@ -146,6 +152,7 @@ impl Counted {
             + self.hold
             + self.timeout
             + self.cut
+            + self.truncated
             + self.stall
             + self.gone_event
             + self.gone_http
@@ -168,6 +175,7 @@ impl FaultCounts {
             gone_event: g(&self.gone_event),
             gone_http: g(&self.gone_http),
             cut: g(&self.cut),
+            truncated: g(&self.truncated),
             stall: g(&self.stall),
             lost_create: g(&self.lost_create),
             upstream_errors: g(&self.upstream_errors),
@@ -200,6 +208,8 @@ struct State {
     delay_released: tokio::sync::watch::Sender<bool>,
     /// Every list read, in order (a few per watch and relist).
     lists: std::sync::Mutex<Vec<ListRead>>,
+    /// Every watch request: its path and the media types it accepts.
+    watches: std::sync::Mutex<Vec<(String, String)>>,
 }
 
 /// One list read the proxy forwarded.
@@ -263,6 +273,7 @@ impl FaultProxy {
             delayed_seen: AtomicU64::new(0),
             delay_released: tokio::sync::watch::Sender::new(false),
             lists: Default::default(),
+            watches: Default::default(),
         });
         let accept = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(Self {
@@ -335,6 +346,11 @@ impl FaultProxy {
         self.state.lists.lock().unwrap().clone()
     }
 
+    /// The watch requests so far, in order: path and `Accept` header.
+    pub fn watch_requests(&self) -> Vec<(String, String)> {
+        self.state.watches.lock().unwrap().clone()
+    }
+
     /// Turns fault injection on or off; requests are forwarded either way.
     pub fn set_enabled(&self, on: bool) {
         self.state.enabled.store(on, Ordering::SeqCst);
@@ -386,6 +402,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
 enum Verdict {
     Forward {
         cut_after: Option<Duration>,
+        truncate_after: Option<Duration>,
         stall_after: Option<Duration>,
     },
     ForwardThenFail(StatusCode),
@@ -448,6 +465,7 @@ fn decide(state: &State, method: &http::Method, path: &str, watch: bool) -> Verd
     if !state.enabled.load(Ordering::SeqCst) || spared {
         return Verdict::Forward {
             cut_after: None,
+            truncate_after: None,
             stall_after: None,
         };
     }
@@ -477,13 +495,17 @@ fn decide(state: &State, method: &http::Method, path: &str, watch: bool) -> Verd
             })
         };
         let cut_after = after(plan.cut, plan.cut_after);
-        // A stream is either cut or stalled, not both.
-        let stall_after = cut_after
+        // A stream is either cut, truncated or stalled, not two of them.
+        let truncate_after = cut_after
             .is_none()
+            .then(|| after(plan.truncate, plan.cut_after))
+            .flatten();
+        let stall_after = (cut_after.is_none() && truncate_after.is_none())
             .then(|| after(plan.stall, plan.stall_after))
             .flatten();
         return Verdict::Forward {
             cut_after,
+            truncate_after,
             stall_after,
         };
     }
@@ -537,6 +559,7 @@ fn decide(state: &State, method: &http::Method, path: &str, watch: bool) -> Verd
     }
     Verdict::Forward {
         cut_after: None,
+        truncate_after: None,
         stall_after: None,
     }
 }
@@ -575,6 +598,18 @@ async fn handle(
     }
     if let Some(read) = list_read(&req, watch) {
         state.lists.lock().unwrap().push(read);
+    }
+    if watch {
+        let accept = req
+            .headers()
+            .get(header::ACCEPT)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .unwrap_or_default();
+        state
+            .watches
+            .lock()
+            .unwrap()
+            .push((req.uri().path().to_string(), accept));
     }
     let lags = state.plan.watch_lag_only.is_empty()
         || state
@@ -636,11 +671,13 @@ async fn handle(
         }
         Verdict::Forward {
             cut_after,
+            truncate_after,
             stall_after,
         } => match forward(&state, req).await {
             Ok(resp) if watch => {
                 let faults = StreamFaults {
                     cut_after,
+                    truncate_after,
                     stall_after,
                     stall_epoch: state.stall_epoch.subscribe(),
                     lag: if lags {
@@ -707,6 +744,8 @@ async fn forward(state: &State, req: Request<Incoming>) -> Result<Response<Incom
 struct StreamFaults {
     /// Ended with an error then.
     cut_after: Option<Duration>,
+    /// From then on, the next chunk is passed on half, then the body ends.
+    truncate_after: Option<Duration>,
     /// Silent from then on, connection kept open.
     stall_after: Option<Duration>,
     /// Silent from the next bump of the proxy's stall epoch on.
@@ -743,6 +782,7 @@ fn watch_body(body: Incoming, faults: StreamFaults) -> ProxyBody {
     let never = Duration::from_secs(24 * 3600);
     let StreamFaults {
         cut_after,
+        truncate_after,
         stall_after,
         mut stall_epoch,
         lag,
@@ -750,6 +790,7 @@ fn watch_body(body: Incoming, faults: StreamFaults) -> ProxyBody {
     } = faults;
     stall_epoch.mark_unchanged();
     let cut = Box::pin(tokio::time::sleep(cut_after.unwrap_or(never)));
+    let truncate_at = Instant::now() + truncate_after.unwrap_or(never);
     let stall = Box::pin(tokio::time::sleep(stall_after.unwrap_or(never)));
     let stream = futures::stream::unfold(Some((rx, cut, stall, stall_epoch)), move |state| {
         let counts = counts.clone();
@@ -759,6 +800,14 @@ fn watch_body(body: Incoming, faults: StreamFaults) -> ProxyBody {
                 item = rx.recv() => match item? {
                     (at, Ok(f)) => {
                         tokio::time::sleep_until((at + lag).into()).await;
+                        if Instant::now() >= truncate_at
+                            && let Some(data) = f.data_ref().filter(|d| d.len() >= 2)
+                        {
+                            // Half a chunk, then a clean end of the body.
+                            counts.truncated.fetch_add(1, Ordering::Relaxed);
+                            let half = data.slice(..data.len() / 2);
+                            return Some((Ok::<Frame<Bytes>, BoxError>(Frame::data(half)), None));
+                        }
                         return Some((Ok::<Frame<Bytes>, BoxError>(f), Some((rx, cut, stall, epoch))));
                     }
                     (_, Err(e)) => return Some((Err(e.into()), None)),
