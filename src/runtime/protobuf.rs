@@ -596,6 +596,19 @@ mod tests {
         );
     }
 
+    /// The kinds of the read errors a body of these bytes gives.
+    async fn error_kinds(body: Vec<u8>) -> Vec<std::io::ErrorKind> {
+        events::<Named>(kube::client::Body::from(body))
+            .filter_map(|e| async move {
+                match e {
+                    Err(kube::Error::ReadEvents(io)) => Some(io.kind()),
+                    _ => None,
+                }
+            })
+            .collect()
+            .await
+    }
+
     /// The events a body of these bytes gives, one line each.
     async fn read_names(body: Vec<u8>) -> Vec<String> {
         events::<Named>(kube::client::Body::from(body))
@@ -624,28 +637,12 @@ mod tests {
         assert!(read[2].contains("ended inside a frame"), "{read:?}");
         // ... as an unexpected end (a transport fault), which leaves the
         // watch in protobuf; only a frame that does not decode is invalid.
-        let cut = [framed(&pod_named("b"))[..6].to_vec()].concat();
-        let kinds: Vec<std::io::ErrorKind> = events::<Named>(kube::client::Body::from(cut))
-            .filter_map(|e| async move {
-                match e {
-                    Err(kube::Error::ReadEvents(io)) => Some(io.kind()),
-                    _ => None,
-                }
-            })
-            .collect()
-            .await;
-        assert_eq!(kinds, [std::io::ErrorKind::UnexpectedEof]);
-        let kinds: Vec<std::io::ErrorKind> =
-            events::<Named>(kube::client::Body::from(framed(b"\x0b")))
-                .filter_map(|e| async move {
-                    match e {
-                        Err(kube::Error::ReadEvents(io)) => Some(io.kind()),
-                        _ => None,
-                    }
-                })
-                .collect()
-                .await;
-        assert_eq!(kinds, [std::io::ErrorKind::InvalidData]);
+        let cut = framed(&pod_named("b"))[..6].to_vec();
+        assert_eq!(error_kinds(cut).await, [std::io::ErrorKind::UnexpectedEof]);
+        assert_eq!(
+            error_kinds(framed(b"\x0b")).await,
+            [std::io::ErrorKind::InvalidData]
+        );
 
         // A frame that does not decode ends the stream after its error.
         let bad = [

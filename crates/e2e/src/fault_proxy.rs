@@ -32,18 +32,21 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use http::{Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
-use hyper::body::{Bytes, Frame, Incoming};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::{Bytes, Incoming};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rand::Rng;
 use serde_json::json;
 use tokio::net::TcpListener;
+
+mod stream;
+use stream::{StreamFaults, watch_body};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type ProxyBody = BoxBody<Bytes, BoxError>;
@@ -738,96 +741,4 @@ async fn forward(state: &State, req: Request<Incoming>) -> Result<Response<Incom
         parts.headers.remove(*name);
     }
     Ok(Response::from_parts(parts, body))
-}
-
-/// What happens to one forwarded watch stream.
-struct StreamFaults {
-    /// Ended with an error then.
-    cut_after: Option<Duration>,
-    /// From then on, the next chunk is passed on half, then the body ends.
-    truncate_after: Option<Duration>,
-    /// Silent from then on, connection kept open.
-    stall_after: Option<Duration>,
-    /// Silent from the next bump of the proxy's stall epoch on.
-    stall_epoch: tokio::sync::watch::Receiver<u64>,
-    /// Every event delivered this much later than it arrived.
-    lag: Duration,
-    counts: Arc<FaultCounts>,
-}
-
-/// A forwarded watch stream: each event delivered `lag` after the API
-/// server sent it; with `cut_after`, the stream ended with an error then,
-/// so the client sees it break off mid-message as when a connection dies;
-/// with a stall, nothing more is delivered and nothing ends it.
-fn watch_body(body: Incoming, faults: StreamFaults) -> ProxyBody {
-    type Item = (Instant, Result<Frame<Bytes>, hyper::Error>);
-    // A reader stamps frames as they arrive, so the lag is a constant
-    // latency, not one that adds up over a burst of events.
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Item>();
-    tokio::spawn(async move {
-        let mut body = body;
-        loop {
-            let frame = tokio::select! {
-                f = body.frame() => f,
-                _ = tx.closed() => return,
-            };
-            let Some(frame) = frame else { return };
-            let end = frame.is_err();
-            if tx.send((Instant::now(), frame)).is_err() || end {
-                return;
-            }
-        }
-    });
-    // No fault: a deadline that never comes within a test.
-    let never = Duration::from_secs(24 * 3600);
-    let StreamFaults {
-        cut_after,
-        truncate_after,
-        stall_after,
-        mut stall_epoch,
-        lag,
-        counts,
-    } = faults;
-    stall_epoch.mark_unchanged();
-    let cut = Box::pin(tokio::time::sleep(cut_after.unwrap_or(never)));
-    let truncate_at = Instant::now() + truncate_after.unwrap_or(never);
-    let stall = Box::pin(tokio::time::sleep(stall_after.unwrap_or(never)));
-    let stream = futures::stream::unfold(Some((rx, cut, stall, stall_epoch)), move |state| {
-        let counts = counts.clone();
-        async move {
-            let (mut rx, mut cut, mut stall, mut epoch) = state?;
-            let stalled = tokio::select! {
-                item = rx.recv() => match item? {
-                    (at, Ok(f)) => {
-                        tokio::time::sleep_until((at + lag).into()).await;
-                        if Instant::now() >= truncate_at
-                            && let Some(data) = f.data_ref().filter(|d| d.len() >= 2)
-                        {
-                            // Half a chunk, then a clean end of the body.
-                            counts.truncated.fetch_add(1, Ordering::Relaxed);
-                            let half = data.slice(..data.len() / 2);
-                            return Some((Ok::<Frame<Bytes>, BoxError>(Frame::data(half)), None));
-                        }
-                        return Some((Ok::<Frame<Bytes>, BoxError>(f), Some((rx, cut, stall, epoch))));
-                    }
-                    (_, Err(e)) => return Some((Err(e.into()), None)),
-                },
-                _ = &mut cut => {
-                    counts.cut.fetch_add(1, Ordering::Relaxed);
-                    return Some((Err("watch cut by the e2e fault proxy".into()), None));
-                }
-                _ = &mut stall => true,
-                changed = epoch.changed() => changed.is_ok(),
-            };
-            if stalled {
-                counts.stall.fetch_add(1, Ordering::Relaxed);
-            }
-            // Silent for good: the connection stays open until the
-            // client gives up on it.
-            drop(rx);
-            std::future::pending::<()>().await;
-            None
-        }
-    });
-    BodyExt::boxed(StreamBody::new(stream))
 }
