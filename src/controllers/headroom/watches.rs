@@ -97,9 +97,9 @@ impl Controller {
         self.synced.wait().await;
     }
 
-    /// The watermarks a change of `pod` (from `old`) may move: ours whose
-    /// placeholder it is, and ours and the seed operator's whose nodes it
-    /// is or was bound to.
+    /// The door objects a change of `pod` (from `old`) may move: the one
+    /// whose placeholder it is (by the one rule, `door_key_of`), and ours
+    /// and the seed operator's watermarks whose nodes it is or was bound to.
     fn touched_by(&self, pod: &PodView, old: Option<&PodView>) -> Vec<String> {
         let versions = || [Some(pod), old].into_iter().flatten();
         let nodes: Vec<Arc<NodeView>> = versions()
@@ -112,22 +112,22 @@ impl Controller {
             .watermarks
             .list()
             .iter()
-            .filter(|wm| {
-                versions().any(|p| {
-                    p.namespace() == wm.namespace() && p.placeholder_of() == Some(wm.name())
-                }) || on_nodes(&wm.spec.settle().placement.node_selector)
-            })
+            .filter(|wm| on_nodes(&wm.spec.settle().placement.node_selector))
             .map(|wm| object_key(wm.namespace(), wm.name()))
             .collect();
-        // The buffer whose new placeholder still carries its gate: the
-        // buffer's sync lifts it (other changes of its placeholders move
-        // nothing a buffer counts).
-        keys.extend(
-            versions()
-                .filter(|p| p.spec.placeholder_gate.is_some() && p.node_name().is_none())
-                .filter_map(|p| self.door_key_of(p))
-                .filter(|k| k.starts_with(BUFFER_KEY_PREFIX)),
-        );
+        // Its own door: a watermark (its counts follow its placeholders)
+        // while it exists; a buffer while the placeholder waits with its
+        // gate, which the buffer's sync lifts (other changes move nothing a
+        // buffer counts).
+        keys.extend(versions().filter_map(|p| {
+            let key = self.door_key_of(p)?;
+            let moves = if key.starts_with(BUFFER_KEY_PREFIX) {
+                p.spec.placeholder_gate.is_some() && p.node_name().is_none()
+            } else {
+                self.watermarks.get(&key).is_some()
+            };
+            moves.then_some(key)
+        }));
         keys.extend(
             self.seed_watermarks
                 .list()
@@ -135,6 +135,8 @@ impl Controller {
                 .filter(|wm| on_nodes(&wm.spec.node_selector()))
                 .map(|wm| format!("{SEED_KEY_PREFIX}{}", object_key(wm.namespace(), wm.name()))),
         );
+        keys.sort_unstable();
+        keys.dedup();
         keys
     }
 
