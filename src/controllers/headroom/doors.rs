@@ -192,15 +192,22 @@ mod tests {
         )
     }
 
-    /// A door whose CRD is missing says so and does not hold the start;
-    /// once the CRD is served it opens, within one probe period.
-    #[tokio::test(start_paused = true)]
-    async fn a_missing_crd_closes_the_door_until_it_arrives() {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    /// A CapacityBuffer door of `versions` opening against a mock API
+    /// server, with the process ready.
+    struct Opening {
+        door: std::sync::Arc<Door>,
+        handle: mock::Handle<Request<Body>, Response<Body>>,
+        health: Health,
+        gauge: IntGaugeVec,
+        opening: tokio::task::JoinHandle<String>,
+    }
+
+    fn opening(versions: &'static [&'static str]) -> Opening {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let client = kube::Client::new(service, "default");
         let door = std::sync::Arc::new(Door::new(
             "autoscaling.x-k8s.io",
-            &["v1beta1", "v1alpha1"],
+            versions,
             "capacitybuffers",
             "capacitybuffers.autoscaling.x-k8s.io",
             "install the cluster-autoscaler's CapacityBuffer CRD",
@@ -212,6 +219,26 @@ mod tests {
             let (door, health, gauge) = (door.clone(), health.clone(), gauge.clone());
             async move { door.opened(&client, &health, &gauge).await }
         });
+        Opening {
+            door,
+            handle,
+            health,
+            gauge,
+            opening,
+        }
+    }
+
+    /// A door whose CRD is missing says so and does not hold the start;
+    /// once the CRD is served it opens, within one probe period.
+    #[tokio::test(start_paused = true)]
+    async fn a_missing_crd_closes_the_door_until_it_arrives() {
+        let Opening {
+            door,
+            mut handle,
+            health,
+            gauge,
+            opening,
+        } = opening(&["v1beta1", "v1alpha1"]);
         for path in [
             "/apis/autoscaling.x-k8s.io/v1beta1",
             "/apis/autoscaling.x-k8s.io/v1alpha1",
@@ -255,22 +282,12 @@ mod tests {
     /// a few tries the door counts as closed, and says why.
     #[tokio::test(start_paused = true)]
     async fn a_door_whose_discovery_fails_settles_closed() {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let client = kube::Client::new(service, "default");
-        let door = std::sync::Arc::new(Door::new(
-            "autoscaling.x-k8s.io",
-            &["v1beta1"],
-            "capacitybuffers",
-            "capacitybuffers.autoscaling.x-k8s.io",
-            "install it",
-        ));
-        let health = Health::default();
-        health.set_ready(true);
-        let gauge = IntGaugeVec::new(prometheus::Opts::new("served", "h"), &["door"]).unwrap();
-        let _opening = tokio::spawn({
-            let (door, health, gauge) = (door.clone(), health.clone(), gauge.clone());
-            async move { door.opened(&client, &health, &gauge).await }
-        });
+        let Opening {
+            door,
+            mut handle,
+            health,
+            ..
+        } = opening(&["v1beta1"]);
         for _ in 0..FAILURES_BEFORE_CLOSED {
             let (_, send) = handle.next_request().await.unwrap();
             send.send_response(answer(
