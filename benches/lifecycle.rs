@@ -26,6 +26,8 @@
 
 use dra_e2e::{cluster, helm, procs, rawhttp, reference, scheduler};
 
+#[path = "lifecycle/hostile.rs"]
+mod hostile;
 #[path = "lifecycle/load.rs"]
 mod load;
 #[path = "lifecycle/real_node.rs"]

@@ -77,6 +77,8 @@ pub struct ScaleArgs {
     /// Upper bound in seconds on one run.
     #[arg(long, default_value_t = 1200)]
     pub run_timeout: u64,
+    #[command(flatten)]
+    pub hostile: crate::hostile::HostileArgs,
 }
 
 /// What one pod went through.
@@ -149,6 +151,11 @@ pub struct ScaleRun {
     pub cpu_s: f64,
     pub peak_rss_mib: f64,
     pub meets_target: bool,
+    /// Hostile pods created during the run (`--hostile-pods-per-second`).
+    pub hostile_pods: usize,
+    /// The longest time between two lease renewals by the leader during
+    /// the run (`--leader-elect`), seconds.
+    pub longest_renewal_gap_s: Option<f64>,
 }
 
 /// Runs the sweep for every controller and prints the table.
@@ -192,7 +199,7 @@ pub async fn run(args: &Args, bins: &Binaries, reference: Option<&Path>) -> anyh
 
 fn row(r: &ScaleRun) -> String {
     format!(
-        "{:<10} {:>4} {:>7} {:>6.2}/{:>6.2} {:>6.2}/{:>6.2} {:>6.2}/{:>6.2} {:>6.2} {:>7.1} {:>6.1} {:>7.1} {}",
+        "{:<10} {:>4} {:>7} {:>6.2}/{:>6.2} {:>6.2}/{:>6.2} {:>6.2}/{:>6.2} {:>6.2} {:>7.1} {:>6.1} {:>7.1} {:>7} {:>7} {}",
         r.controller,
         r.qps,
         r.pods_created,
@@ -206,6 +213,9 @@ fn row(r: &ScaleRun) -> String {
         r.limiter_wait_mean_s * 1000.0,
         r.cpu_s,
         r.peak_rss_mib,
+        r.hostile_pods,
+        r.longest_renewal_gap_s
+            .map_or_else(|| "-".to_string(), |g| format!("{g:.2}")),
         if !r.finished {
             "unfinished"
         } else if r.meets_target {
@@ -218,7 +228,7 @@ fn row(r: &ScaleRun) -> String {
 
 fn print_table(runs: &[ScaleRun]) {
     println!(
-        "\n{:<10} {:>4} {:>7} {:>13} {:>13} {:>13} {:>6} {:>7} {:>6} {:>7} met",
+        "\n{:<10} {:>4} {:>7} {:>13} {:>13} {:>13} {:>6} {:>7} {:>6} {:>7} {:>7} {:>7} met",
         "controller",
         "qps",
         "pods",
@@ -228,7 +238,9 @@ fn print_table(runs: &[ScaleRun]) {
         "req/pod",
         "wait ms",
         "cpu s",
-        "rss MiB"
+        "rss MiB",
+        "hostile",
+        "lease gap s"
     );
     for r in runs {
         println!("{}", row(r));
@@ -258,12 +270,16 @@ async fn run_one(
     let cluster = Cluster::start(bins).await?;
     let client = cluster.admin_client().await?;
     prepare(&client, s).await?;
+    if s.hostile.on() {
+        crate::hostile::prepare(&client, CLASS).await?;
+    }
     let _scheduler = crate::scheduler::Scheduler::start(scheduler_bin, &cluster).await?;
-    let run_args = Args {
+    let mut run_args = Args {
         kube_api_qps: qps,
         kube_api_burst: 2 * qps,
         ..args.clone()
     };
+    run_args.ours_args.extend(s.hostile.ours_args());
     let controller =
         UnderTest::start(kind, &cluster, &run_args, reference.map(Path::to_path_buf)).await?;
     // Let the controller load its caches before the clock starts.
@@ -271,22 +287,39 @@ async fn run_one(
     let before = controller.metrics().await.unwrap_or_default();
     let world = Arc::new(Mutex::new(World::default()));
     let started = Instant::now();
-    let watches = [
+    let renewals = crate::hostile::Renewals::default();
+    let hostile_created = Arc::new(Mutex::new(0));
+    let mut watches = vec![
         tokio::spawn(watch_pods(client.clone(), world.clone(), s.clone())),
         tokio::spawn(watch_claims(client.clone(), world.clone())),
+        tokio::spawn(renewals.clone().watch(
+            client.clone(),
+            dra_e2e::rbac::SYSTEM_NAMESPACE,
+            dra_e2e::rbac::LEASE_NAME,
+        )),
     ];
+    if s.hostile.on() {
+        watches.push(tokio::spawn(crate::hostile::create_at_pace(
+            client.clone(),
+            s.hostile.hostile_pods_per_second,
+            hostile_created.clone(),
+        )));
+    }
     let total_pods = s.long_lived + s.churn * s.churn_rounds;
     let finished = create_at_pace(&client, &world, s, total_pods).await;
     for w in &watches {
         w.abort();
     }
+    let longest_renewal_gap = renewals.longest_gap(started, Instant::now());
+    let hostile_pods = *hostile_created.lock().unwrap_or_else(|e| e.into_inner());
     let after = controller.metrics().await.unwrap_or_default();
     let stats = proc_stats(controller.pid()).unwrap_or_default();
     controller.stop();
     let w = lock(&world);
-    Ok(summarize(
-        &w, kind, qps, finished, started, &before, &after, stats,
-    ))
+    let mut run = summarize(&w, kind, qps, finished, started, &before, &after, stats);
+    run.hostile_pods = hostile_pods;
+    run.longest_renewal_gap_s = longest_renewal_gap.map(|d| d.as_secs_f64());
+    Ok(run)
 }
 
 /// The job controller: creates pods at `job_qps`, long-lived first mixed
@@ -550,6 +583,8 @@ fn summarize(
         cpu_s: stats.cpu_s,
         peak_rss_mib: stats.peak_rss_mib,
         meets_target,
+        hostile_pods: 0,
+        longest_renewal_gap_s: None,
     }
 }
 
@@ -557,12 +592,7 @@ fn summarize(
 /// pods) and one node-local ResourceSlice per node.
 async fn prepare(client: &kube::Client, s: &ScaleArgs) -> anyhow::Result<()> {
     let pp = PostParams::default();
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &pp,
-            &serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?,
-        )
-        .await?;
+    create_namespace(client, NAMESPACE).await?;
     dra_e2e::nodes::create_device_class(client, CLASS).await?;
     Api::<ResourceClaimTemplate>::namespaced(client.clone(), NAMESPACE)
         .create(
@@ -581,5 +611,15 @@ async fn prepare(client: &kube::Client, s: &ScaleArgs) -> anyhow::Result<()> {
     while let Some(r) = work.next().await {
         r?;
     }
+    Ok(())
+}
+
+pub async fn create_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}}))?,
+        )
+        .await?;
     Ok(())
 }

@@ -152,12 +152,17 @@ impl UnderTest {
 }
 
 async fn start_ours(cluster: &Cluster, args: &Args) -> anyhow::Result<Controller> {
+    let hostile = &args.scale.hostile;
     let opts = ControllerOpts {
-        leader_elect: false,
+        leader_elect: hostile.leader_elect,
+        // The production timings, so that renewal gaps read as they would
+        // in a cluster.
+        lease_timing: ["15s", "10s", "2s"],
         qps: args.kube_api_qps,
         burst: args.kube_api_burst,
         concurrent_syncs: args.concurrent_syncs,
         extra_args: args.ours_args.clone(),
+        run_under: hostile.run_under(),
         ..ControllerOpts::default()
     };
     let spec = ControllerSpec {

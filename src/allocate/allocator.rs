@@ -18,6 +18,7 @@ use k8s_openapi::api::resource::v1::{
 
 use super::inventory::{Inventory, NodeDevice};
 use super::selector::Selector;
+use super::solver_thread::on_solver_stack;
 use crate::model::DeviceId;
 
 use super::search::{Alternative, MatchConstraint, Mode, Request, Tally};
@@ -51,13 +52,6 @@ pub enum Outcome {
     Refused(String),
 }
 
-/// The stack of the thread an allocation runs on. Parsing and evaluating a
-/// CEL selector recurse once per nesting level, with frames of up to 130
-/// KiB in a debug build (16 parentheses overflow a tokio worker's 2 MiB);
-/// a tenant may nest [`super::selector::MAX_NESTING`] levels. The size is
-/// reserved address space: only the pages touched become memory.
-const SOLVER_STACK_BYTES: usize = 64 << 20;
-
 /// The devices an allocation takes from others (admin-access results and
 /// shares of a device share it).
 pub fn devices_taken(result: &AllocationResult) -> Vec<DeviceId> {
@@ -77,50 +71,26 @@ pub fn devices_taken(result: &AllocationResult) -> Vec<DeviceId> {
         .collect()
 }
 
-/// Runs `work` on a scoped thread with [`SOLVER_STACK_BYTES`] of stack:
-/// anything that compiles or evaluates tenant CEL goes through here. A
-/// panic in `work` ends the process (see `app::exit_on_panic`).
-///
-/// Called from an async task, the wait for that thread would hold the
-/// task's worker: with one CPU (the chart's limit) the runtime has one, and
-/// lease renewals, HTTP/2 pings, `/healthz` and the claim controller would
-/// all stop while a claim is solved. On a multi-threaded runtime the worker
-/// therefore hands its other tasks over first (`block_in_place`).
-pub fn on_solver_stack<T: Send>(work: impl FnOnce() -> T + Send) -> std::io::Result<T> {
-    let solve = || {
-        std::thread::scope(|scope| {
-            std::thread::Builder::new()
-                .name("cel".into())
-                .stack_size(SOLVER_STACK_BYTES)
-                .spawn_scoped(scope, work)
-                .map(|handle| {
-                    handle
-                        .join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                })
-        })
-    };
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(solve),
-        // No runtime (a tool's thread) or a single-threaded one (tests):
-        // nothing else could run meanwhile anyway.
-        _ => solve(),
-    }
-}
-
-/// Allocates the claim's devices on the input's node, on a thread of its
-/// own with [`SOLVER_STACK_BYTES`] of stack.
+/// Allocates the claim's devices on the input's node, on a solver thread
+/// (see [`on_solver_stack`]), within [`MAX_SEARCH_TIME`].
 pub fn allocate(input: &AllocationInput) -> Outcome {
-    on_solver_stack(|| allocate_here(input)).unwrap_or_else(|err| {
-        Outcome::Refused(format!(
-            "claim {}: cannot start the allocation thread: {err}",
-            claim_key(input.claim)
-        ))
-    })
+    on_solver_stack(|| allocate_until(input, std::time::Instant::now() + MAX_SEARCH_TIME))
+        .unwrap_or_else(|err| {
+            Outcome::Refused(format!(
+                "claim {}: cannot start the allocation thread: {err}",
+                claim_key(input.claim)
+            ))
+        })
 }
 
-/// [`allocate`] on the calling thread.
-fn allocate_here(input: &AllocationInput) -> Outcome {
+/// [`allocate`] on the calling thread, giving up at `deadline`: for
+/// callers already on a solver thread that try several claims (or orders of
+/// them) within one wall-clock bound.
+pub fn allocate_until(input: &AllocationInput, deadline: std::time::Instant) -> Outcome {
+    debug_assert!(
+        super::solver_thread::on_solver_thread(),
+        "solving runs on a solver thread, never on an async worker"
+    );
     let claim_key = claim_key(input.claim);
     let requests = match prepare(input, &claim_key) {
         Ok(r) => r,
@@ -150,7 +120,7 @@ fn allocate_here(input: &AllocationInput) -> Outcome {
         taken: HashSet::new(),
         chosen: Vec::new(),
         steps: 0,
-        deadline: std::time::Instant::now() + MAX_SEARCH_TIME,
+        deadline,
         timed_out: false,
     };
     match search.solve(0) {

@@ -11,9 +11,11 @@ pub mod quantity;
 mod search;
 pub mod selector;
 pub mod semver;
+mod solver_thread;
 
 #[cfg(test)]
 mod tests;
 
-pub use allocator::{AllocationInput, Outcome, allocate, devices_taken, on_solver_stack};
+pub use allocator::{AllocationInput, Outcome, allocate, allocate_until, devices_taken};
 pub use inventory::{Inventory, node_inventory};
+pub use solver_thread::{SOLVER_STACK_BYTES, on_solver_stack};

@@ -106,14 +106,19 @@ const KNOWN: [&str; 5] = [
 /// `DRAWorkloadResourceClaims`; the KEP's shorter name is taken too.
 const WORKLOAD_RESOURCE_CLAIMS: [&str; 2] = ["DRAWorkloadResourceClaims", "WorkloadResourceClaims"];
 
-/// Every gate name kube-controller-manager 1.36 accepts (its
-/// `--feature-gates` help), one per line: its flag string must work here
-/// unchanged, with the gates that do not concern this controller ignored.
-const KUBE_CONTROLLER_MANAGER_GATES: &str = include_str!("kcm_feature_gates_1_36.txt");
+/// Every gate name kube-controller-manager 1.36 and 1.37 accept (their
+/// registered gates, one per line): a flag string of either release must
+/// work here unchanged, with the gates that do not concern this controller
+/// ignored. 1.37's list is that of its development line after v1.37.0-beta.0.
+const KUBE_CONTROLLER_MANAGER_GATES: [&str; 2] = [
+    include_str!("kcm_feature_gates_1_36.txt"),
+    include_str!("kcm_feature_gates_1_37.txt"),
+];
 
 fn is_kube_controller_manager_gate(name: &str) -> bool {
     KUBE_CONTROLLER_MANAGER_GATES
-        .lines()
+        .iter()
+        .flat_map(|list| list.lines())
         .map(str::trim)
         .any(|known| known == name)
 }
@@ -160,7 +165,7 @@ impl FromStr for FeatureGateFlag {
                 other => {
                     return Err(format!(
                         "--feature-gates: unknown gate {other:?}: neither this controller nor \
-                         kube-controller-manager 1.36 knows it (check the spelling); gates that \
+                         kube-controller-manager 1.36 or 1.37 knows it (check the spelling); gates that \
                          change what this controller does: {}",
                         KNOWN.join(", ")
                     ));
@@ -269,19 +274,18 @@ mod tests {
 
     #[test]
     fn gate_list_is_kube_controller_managers() {
-        let names: Vec<&str> = KUBE_CONTROLLER_MANAGER_GATES
-            .lines()
-            .map(str::trim)
-            .collect();
-        for gate in KNOWN.iter().chain(&["AllAlpha", "AllBeta"]) {
-            assert!(names.contains(gate), "{gate} missing from the list");
+        for list in KUBE_CONTROLLER_MANAGER_GATES {
+            let names: Vec<&str> = list.lines().map(str::trim).collect();
+            for gate in KNOWN.iter().chain(&["AllAlpha", "AllBeta"]) {
+                assert!(names.contains(gate), "{gate} missing from a list");
+            }
+            assert!(
+                names
+                    .iter()
+                    .all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric()))
+            );
+            assert!(names.is_sorted(), "kept sorted, one name per line");
         }
-        assert!(
-            names
-                .iter()
-                .all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric()))
-        );
-        assert!(names.is_sorted(), "kept sorted, one name per line");
     }
 
     #[test]
@@ -293,6 +297,17 @@ mod tests {
         assert_eq!("1.37".parse::<Release>(), Ok(Release::V1_37));
         assert!("1.38".parse::<Release>().is_err());
         assert_eq!(Release::V1_36.to_string(), "1.36");
+    }
+
+    #[test]
+    fn gates_of_either_release_are_accepted_and_ignored() {
+        // Only 1.36 knows the first, only 1.37 the second.
+        let flag: FeatureGateFlag =
+            "SidecarContainers=true,EtcdRangeStream=true,DRAAdminAccess=false"
+                .parse()
+                .unwrap();
+        assert_eq!(flag.ignored, ["SidecarContainers", "EtcdRangeStream"]);
+        assert!(!flag.gates.admin_access);
     }
 
     #[test]

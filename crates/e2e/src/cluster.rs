@@ -600,6 +600,9 @@ pub struct ControllerOpts {
     pub metrics_secure: bool,
     /// Further flags, appended as given.
     pub extra_args: Vec<String>,
+    /// A command the binary is started under, e.g. `taskset -c 0` to hold
+    /// it to one CPU (the chart's limit) in a benchmark; empty: none.
+    pub run_under: Vec<String>,
 }
 
 impl Default for ControllerOpts {
@@ -615,6 +618,7 @@ impl Default for ControllerOpts {
             min_resync_period: None,
             lease_timing: ["4s", "3s", "1s"],
             metrics_secure: false,
+            run_under: Vec::new(),
             extra_args: Vec::new(),
         }
     }
@@ -695,7 +699,14 @@ impl Controller {
         }
         args.extend(opts.extra_args.iter().cloned());
         let log = spec.dir.join(format!("controller-{label}.log"));
-        let binary = controller_binary()?;
+        let mut binary = controller_binary()?;
+        if let Some((wrapper, wrapper_args)) = opts.run_under.split_first() {
+            let mut wrapped = wrapper_args.to_vec();
+            wrapped.push(binary.display().to_string());
+            wrapped.append(&mut args);
+            args = wrapped;
+            binary = PathBuf::from(wrapper);
+        }
         // Plain text in the log file: no terminal colour codes.
         let env = [("NO_COLOR", "1")];
         let proc =

@@ -2,25 +2,18 @@
 //!
 //! Helm's Go SDK is reached through the PyPI package `helm-python-sdk`, which
 //! ships it as a shared library (`libhelm_c.so`) behind a ctypes binding, so
-//! neither a `helm` binary nor a Go toolchain is needed. On first use a
-//! virtualenv is created under `<target dir>/helm-venv` and the pinned
-//! package is installed into it; later runs reuse it. Creation is serialised
-//! with an exclusive file lock and finished off with a marker file, so
-//! parallel tests and parallel `cargo test` processes never see a half-made
-//! venv.
+//! neither a `helm` binary nor a Go toolchain is needed. `tests/helm/venv.sh`
+//! installs it in a virtualenv under `<target dir>/helm-venv` (`.ci/run`
+//! calls it first); no test installs anything.
 //!
-//! When the venv cannot be made (no `python3` >= 3.10, no package registry,
-//! no wheel for this platform) the helpers return `Ok(None)` after printing
-//! one `SKIP: helm-python-sdk unavailable (<reason>)` line; set
-//! `DRA_HELM_TESTS_REQUIRED=1` to turn that into an error instead.
-//!
+//! Without that venv the helpers return `Ok(None)` after printing one
+//! `SKIP: helm-python-sdk unavailable (<reason>)` line;
+//! `DRA_HELM_TESTS_REQUIRED=1` (set by `.ci/run`) turns that into an error.
 
-use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::Instant;
 
 /// The helm-python-sdk release these tests were written against (Helm SDK v4.2.3).
 pub const HELM_PYTHON_SDK_VERSION: &str = "0.2.2";
@@ -72,13 +65,7 @@ fn marker_file(venv: &Path) -> PathBuf {
     venv.join(format!(".helm-python-sdk-{HELM_PYTHON_SDK_VERSION}.ok"))
 }
 
-/// Progress output. Written straight to the process's stderr so it shows up
-/// while a test runs, not only when it fails.
-fn progress(msg: &str) {
-    let _ = writeln!(std::io::stderr(), "helm-venv: {msg}");
-}
-
-/// The venv's python, creating the venv on first use. `Ok(None)`: Helm is
+/// The venv's python (made by `tests/helm/venv.sh`). `Ok(None)`: Helm is
 /// unavailable and the caller should skip (the SKIP line is printed once per
 /// process).
 pub fn helm_python() -> Result<Option<PathBuf>, String> {
@@ -107,138 +94,10 @@ fn ensure_venv() -> Result<PathBuf, String> {
     if marker_file(&venv).is_file() && python.exists() {
         return Ok(python);
     }
-
-    let parent = venv
-        .parent()
-        .ok_or_else(|| format!("no parent directory for {}", venv.display()))?;
-    fs::create_dir_all(parent).map_err(|e| format!("create {}: {e}", parent.display()))?;
-    let lock_path = parent.join("helm-venv.lock");
-    let lock =
-        File::create(&lock_path).map_err(|e| format!("open {}: {e}", lock_path.display()))?;
-    if lock.try_lock().is_err() {
-        progress("waiting for another test process to finish installing helm-python-sdk");
-        lock.lock()
-            .map_err(|e| format!("lock {}: {e}", lock_path.display()))?;
-    }
-    // Someone else may have finished while we waited.
-    if marker_file(&venv).is_file() && python.exists() {
-        return Ok(python);
-    }
-
-    let started = Instant::now();
-    let base_python = find_base_python()?;
-    if venv.exists() {
-        progress(&format!("removing incomplete venv {}", venv.display()));
-        fs::remove_dir_all(&venv).map_err(|e| format!("remove {}: {e}", venv.display()))?;
-    }
-
-    progress(&format!(
-        "creating {} with {}",
-        venv.display(),
-        base_python.display()
-    ));
-    run_step(
-        Command::new(&base_python).arg("-m").arg("venv").arg(&venv),
-        "python3 -m venv",
-    )?;
-
-    progress(&format!(
-        "pip install helm-python-sdk=={HELM_PYTHON_SDK_VERSION} (about 75 MB, first run only)"
-    ));
-    run_step(
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--no-input",
-                "--progress-bar",
-                "off",
-                "--retries",
-                "2",
-                "--timeout",
-                "30",
-            ])
-            .arg(format!("helm-python-sdk=={HELM_PYTHON_SDK_VERSION}")),
-        "pip install helm-python-sdk",
-    )?;
-
-    // The import loads libhelm_c.so: catches a wheel whose library cannot
-    // load here (e.g. too old a glibc).
-    let check = Command::new(&python)
-        .args(["-c", "import helm_python as h; print(h.helm_sdk_version())"])
-        .output()
-        .map_err(|e| format!("run {}: {e}", python.display()))?;
-    if !check.status.success() {
-        return Err(format!(
-            "import helm_python failed: {}",
-            last_line(&String::from_utf8_lossy(&check.stderr))
-        ));
-    }
-    let sdk = String::from_utf8_lossy(&check.stdout).trim().to_string();
-
-    fs::write(
-        marker_file(&venv),
-        format!("helm-python-sdk {HELM_PYTHON_SDK_VERSION}\nhelm sdk {sdk}\n"),
-    )
-    .map_err(|e| format!("write marker: {e}"))?;
-    progress(&format!(
-        "ready: Helm SDK {sdk}, installed in {:.1}s",
-        started.elapsed().as_secs_f64()
-    ));
-    Ok(python)
-}
-
-/// `PYTHON3` if set, else the first of python3/python that is >= 3.10 (the
-/// package's floor).
-fn find_base_python() -> Result<PathBuf, String> {
-    let candidates: Vec<PathBuf> = match std::env::var_os("PYTHON3") {
-        Some(p) => vec![PathBuf::from(p)],
-        None => vec![PathBuf::from("python3"), PathBuf::from("python")],
-    };
-    let mut reasons = Vec::new();
-    for candidate in candidates {
-        match Command::new(&candidate)
-            .args([
-                "-c",
-                "import sys; print('%d.%d' % sys.version_info[:2]); sys.exit(0 if sys.version_info >= (3, 10) else 1)",
-            ])
-            .stdin(Stdio::null())
-            .output()
-        {
-            Ok(out) if out.status.success() => return Ok(candidate),
-            Ok(out) => reasons.push(format!(
-                "{} is Python {}, need >= 3.10",
-                candidate.display(),
-                String::from_utf8_lossy(&out.stdout).trim()
-            )),
-            Err(e) => reasons.push(format!("{}: {e}", candidate.display())),
-        }
-    }
-    Err(reasons.join("; "))
-}
-
-/// Runs a setup command with its output sent to our stderr (progress).
-fn run_step(cmd: &mut Command, what: &str) -> Result<(), String> {
-    let status = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(std::io::stderr()))
-        .stderr(Stdio::inherit())
-        .status()
-        .map_err(|e| format!("{what}: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("{what} failed ({status})"))
-    }
-}
-
-fn last_line(s: &str) -> &str {
-    s.lines()
-        .rfind(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim()
+    Err(format!(
+        "no finished venv at {}: run tests/helm/venv.sh (.ci/run does)",
+        venv.display()
+    ))
 }
 
 /// Lints the chart (`helm lint --strict`) and renders it (`helm template`)
@@ -418,4 +277,18 @@ pub async fn apply_rendered(client: &kube::Client, yaml: &str) -> anyhow::Result
         applied += 1;
     }
     Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_install_script_pins_the_version_the_harness_expects() {
+        let script =
+            std::fs::read_to_string(super::repo_root().join("tests/helm/venv.sh")).unwrap();
+        let pin = format!(
+            "\nHELM_PYTHON_SDK_VERSION={}\n",
+            super::HELM_PYTHON_SDK_VERSION
+        );
+        assert!(script.contains(&pin), "tests/helm/venv.sh must pin {pin:?}");
+    }
 }

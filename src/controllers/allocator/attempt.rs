@@ -133,46 +133,64 @@ pub fn plan(
     in_use: HashSet<DeviceId>,
     gates: FeatureGates,
 ) -> Result<Vec<AllocationResult>, (&'static str, String, String)> {
-    let mut first_failure = None;
-    for order in orders(claims.len()) {
-        let mut taken = in_use.clone();
-        let mut results: Vec<Option<AllocationResult>> = vec![None; claims.len()];
-        let mut failed = None;
-        for &i in &order {
-            let claim = claims[i];
-            let outcome = allocate::allocate(&AllocationInput {
-                claim,
-                classes,
-                node,
-                inventory,
-                in_use: &taken,
-                admin_access_enabled: gates.admin_access,
-                prioritized_list_enabled: gates.prioritized_list,
-            });
-            let name = claim.metadata.name.clone().unwrap_or_default();
-            match outcome {
-                Outcome::Allocated(result) => {
-                    taken.extend(devices_taken(&result));
-                    results[i] = Some(result);
+    // One solver thread for every claim and order, and one wall-clock
+    // bound for all of them: a pod of several hostile claims costs no more
+    // than one.
+    allocate::on_solver_stack(|| {
+        let deadline = std::time::Instant::now() + allocate::allocator::MAX_SEARCH_TIME;
+        let mut first_failure = None;
+        for order in orders(claims.len()) {
+            let mut taken = in_use.clone();
+            let mut results: Vec<Option<AllocationResult>> = vec![None; claims.len()];
+            let mut failed = None;
+            for &i in &order {
+                let claim = claims[i];
+                let input = AllocationInput {
+                    claim,
+                    classes,
+                    node,
+                    inventory,
+                    in_use: &taken,
+                    admin_access_enabled: gates.admin_access,
+                    prioritized_list_enabled: gates.prioritized_list,
+                };
+                let outcome = allocate::allocate_until(&input, deadline);
+                let name = claim.metadata.name.clone().unwrap_or_default();
+                match outcome {
+                    Outcome::Allocated(result) => {
+                        taken.extend(devices_taken(&result));
+                        results[i] = Some(result);
+                    }
+                    Outcome::Unsatisfiable(why) => {
+                        failed = Some(("unsatisfiable", name, why));
+                        break;
+                    }
+                    Outcome::Refused(why) => {
+                        // No order changes what the claim asks for.
+                        return Err(("refused", name, why));
+                    }
                 }
-                Outcome::Unsatisfiable(why) => {
-                    failed = Some(("unsatisfiable", name, why));
-                    break;
-                }
-                Outcome::Refused(why) => {
-                    // No order changes what the claim asks for.
-                    return Err(("refused", name, why));
+            }
+            match failed {
+                None => return Ok(results.into_iter().flatten().collect()),
+                Some(failure) => {
+                    first_failure.get_or_insert(failure);
                 }
             }
         }
-        match failed {
-            None => return Ok(results.into_iter().flatten().collect()),
-            Some(failure) => {
-                first_failure.get_or_insert(failure);
-            }
-        }
-    }
-    Err(first_failure.expect("at least one order is tried"))
+        Err(first_failure.expect("at least one order is tried"))
+    })
+    .unwrap_or_else(|err| {
+        let name = claims
+            .first()
+            .and_then(|c| c.metadata.name.clone())
+            .unwrap_or_default();
+        Err((
+            "refused",
+            name,
+            format!("cannot start the allocation thread: {err}"),
+        ))
+    })
 }
 
 /// Orders of `n` claims to try: the given one first.

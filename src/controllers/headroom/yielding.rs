@@ -128,7 +128,12 @@ impl Controller {
                 placeholders: n.placeholders.clone(),
             })
             .collect();
-        let Some(chosen) = choose_yield(&waiting, &candidates, &classes, self.gates) else {
+        // Every candidate node's trial allocations on one solver thread.
+        let chosen = crate::allocate::on_solver_stack(|| {
+            choose_yield(&waiting, &candidates, &classes, self.gates)
+        })
+        .map_err(|err| SyncError::Invalid(format!("cannot start the solver thread: {err}")))?;
+        let Some(chosen) = chosen else {
             debug!(pod = %key, "the pod fits without a yield, or no single node would fit it after one; nothing released");
             self.recheck(key, RECHECK_WAITING);
             return Ok(());

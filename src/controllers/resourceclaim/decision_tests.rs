@@ -452,7 +452,7 @@ fn pod_work_table() {
         }
         // What wakes a pod and what its sync does must agree, or work is
         // either lost or done for nothing.
-        if pod_needs_work(&row.pod, &c).is_ok() == decision.is_noop() {
+        if pod_needs_work(&row.pod, &c, gates).is_ok() == decision.is_noop() {
             failures.push(format!(
                 "{release}, case {:?}: enqueue predicate and decision disagree",
                 row.case
@@ -491,7 +491,7 @@ fn missing_claim_on_node_is_reported_once() {
         Some(&Some(GENERATED.to_string())),
         "the recorded name stays"
     );
-    assert!(pod_needs_work(&pod, &c).is_err());
+    assert!(pod_needs_work(&pod, &c, FeatureGates::default()).is_err());
 }
 
 /// Every apply carries every recorded entry: here `a` gets a new claim,

@@ -3,7 +3,9 @@
 use std::fmt;
 
 use super::cache::Caches;
-use super::pod::{RecordedClaim, recorded_claim_state};
+use super::entries::EntryAction;
+use super::pod::{self, PodDecision, Skip};
+use crate::model::features::FeatureGates;
 use crate::model::views::PodView;
 use crate::naming::{ClaimResolution, resolve_claim};
 
@@ -73,6 +75,9 @@ pub enum PodNeeds {
     /// A pre-scheduled pod's claim that nothing will allocate: the user is
     /// told.
     NobodyAllocates,
+    /// The controller's own settings refuse the pod (1.37's non-retryable
+    /// errors): the user is told.
+    Refused,
 }
 
 impl fmt::Display for PodNeeds {
@@ -89,6 +94,9 @@ impl fmt::Display for PodNeeds {
             }
             PodNeeds::Reservation => "must reserve allocated claim for pre-scheduled pod",
             PodNeeds::NobodyAllocates => "pre-scheduled pod uses a claim nobody will allocate",
+            PodNeeds::Refused => {
+                "pod refused by the controller's feature gates: must tell the user"
+            }
         })
     }
 }
@@ -185,61 +193,76 @@ pub fn pod_needs_claims(pod: &PodView, deleted: bool) -> Result<(), LetGo> {
     Ok(())
 }
 
-/// Whether a pod needs pod work, and why.
-pub fn pod_needs_work(pod: &PodView, caches: &Caches) -> Result<PodNeeds, NoPodWork> {
-    if pod.is_deleting() {
-        return Err(NoPodWork::Deleting);
+/// Whether a pod needs pod work, and why: read off what [`pod::decide`]
+/// decides for it, so that what queues a pod and what its sync does cannot
+/// disagree (a key queued for nothing, or work never queued).
+pub fn pod_needs_work(
+    pod: &PodView,
+    caches: &Caches,
+    gates: FeatureGates,
+) -> Result<PodNeeds, NoPodWork> {
+    let decision = pod::decide(pod, caches, gates);
+    match decision.skipped {
+        Some(Skip::Deleting) => return Err(NoPodWork::Deleting),
+        Some(Skip::Done) => return Err(NoPodWork::Done),
+        Some(Skip::PodGroupUnknown) | None => {}
     }
-    if pod.is_done() {
-        // The reference controller would re-create claims for done pods
-        // whose claims are gone; a pod that will not run needs none.
-        return Err(NoPodWork::Done);
+    needs_of(pod, &decision).ok_or(NoPodWork::NothingToDo)
+}
+
+/// The first thing a decision does, as the reason its pod is queued.
+fn needs_of(pod: &PodView, decision: &PodDecision) -> Option<PodNeeds> {
+    if decision.refused.is_some() {
+        return Some(PodNeeds::Refused);
     }
-    if caches.pod_group_of(pod).is_some() {
-        // Group members are few (alpha feature) and their entries resolve
-        // through the group: let pod work decide, from the caches.
-        return Ok(PodNeeds::GroupMember);
-    }
-    let statuses = &pod.status.resource_claim_statuses;
-    for entry in &pod.spec.resource_claims {
-        let resolution = resolve_claim(entry, statuses);
-        let name = match resolution {
-            ClaimResolution::Unsupported => return Ok(PodNeeds::UnsupportedEntry),
-            ClaimResolution::NotCreatedYet => return Ok(PodNeeds::ClaimFromTemplate),
-            ClaimResolution::Skipped => continue,
-            ClaimResolution::Generated(name) => {
-                match recorded_claim_state(pod, &entry.name, name, caches) {
-                    RecordedClaim::Usable => name,
-                    RecordedClaim::Replace => return Ok(PodNeeds::ReplacementClaim),
-                    RecordedClaim::MissingOnNode => return Ok(PodNeeds::MissingClaimOnNode),
-                    RecordedClaim::MissingReported => continue,
-                }
-            }
-            ClaimResolution::Shared(name) => name,
-        };
-        // A shared claim the user still has to create is not our business.
-        let Some(claim) = caches.claim(pod.namespace(), name) else {
-            continue;
-        };
-        if let Some(node) = pod.node_name()
-            && !claim.is_reserved_for(pod.uid())
-        {
-            if claim.is_allocated() {
-                return Ok(PodNeeds::Reservation);
-            }
-            // Bound without the scheduler, so nothing will allocate it
-            // (unless the allocator for declared nodes serves the node):
-            // the user has to hear about it.
-            if pod.is_pre_scheduled() && !caches.allocated_elsewhere(node, &claim) {
-                return Ok(PodNeeds::NobodyAllocates);
-            }
+    if let Some(action) = decision.entries.first() {
+        let (EntryAction::Fail { entry, .. }
+        | EntryAction::Adopt { entry, .. }
+        | EntryAction::Create { entry, .. }) = action;
+        let spec = pod.spec.resource_claims.iter().find(|e| &e.name == entry);
+        if spec.is_some_and(|e| {
+            resolve_claim(e, &pod.status.resource_claim_statuses) == ClaimResolution::Unsupported
+        }) {
+            return Some(PodNeeds::UnsupportedEntry);
         }
+        if pod.pod_group_name().is_some() && pod_group_entry(pod, entry) {
+            return Some(PodNeeds::GroupMember);
+        }
+        let recorded = decision.recorded.get(entry).is_some_and(Option::is_some);
+        return Some(if recorded {
+            PodNeeds::ReplacementClaim
+        } else {
+            PodNeeds::ClaimFromTemplate
+        });
     }
-    Err(NoPodWork::NothingToDo)
+    if !decision.missing.is_empty() {
+        return Some(PodNeeds::MissingClaimOnNode);
+    }
+    if !decision.reservations.is_empty() {
+        return Some(PodNeeds::Reservation);
+    }
+    if !decision.unallocated.is_empty() {
+        return Some(PodNeeds::NobodyAllocates);
+    }
+    None
+}
+
+/// Whether `entry` of a PodGroup member is one the group provides (a
+/// template entry; the group's own claim is adopted for it).
+fn pod_group_entry(pod: &PodView, entry: &str) -> bool {
+    pod.spec
+        .resource_claims
+        .iter()
+        .any(|e| e.name == entry && e.resource_claim_template_name.is_some())
 }
 
 /// The keys a pod event wakes up, each with why.
-pub fn keys_for_pod_event(pod: &PodView, deleted: bool, caches: &Caches) -> Vec<(WorkKey, Why)> {
+pub fn keys_for_pod_event(
+    pod: &PodView,
+    deleted: bool,
+    caches: &Caches,
+    gates: FeatureGates,
+) -> Vec<(WorkKey, Why)> {
     let mut keys = Vec::new();
     if !pod.is_relevant() {
         return keys;
@@ -269,7 +292,7 @@ pub fn keys_for_pod_event(pod: &PodView, deleted: bool, caches: &Caches) -> Vec<
             }
         }
     }
-    if !deleted && let Ok(needs) = pod_needs_work(pod, caches) {
+    if !deleted && let Ok(needs) = pod_needs_work(pod, caches, gates) {
         keys.push((WorkKey::pod(pod.namespace(), pod.name()), Why::Pod(needs)));
     }
     keys
@@ -436,11 +459,15 @@ mod tests {
                 caches.claims.apply(format!("ns/{}", c.name()), c);
             }
             let p = pod(extra);
-            assert_eq!(pod_needs_work(&p, &caches), want, "case {case}");
+            assert_eq!(
+                pod_needs_work(&p, &caches, FeatureGates::default()),
+                want,
+                "case {case}"
+            );
             if case == "recorded-gone-on-node" {
                 caches.note_missing_claim_reported(p.uid(), "gpu");
                 assert_eq!(
-                    pod_needs_work(&p, &caches),
+                    pod_needs_work(&p, &caches, FeatureGates::default()),
                     Err(NoPodWork::NothingToDo),
                     "told once: {case}"
                 );
@@ -456,7 +483,7 @@ mod tests {
             "extendedResourceClaimStatus": {"resourceClaimName": "ext", "requestMappings": []}}}));
         let terminated = Why::PodLetGo(LetGo::Terminated);
         assert_eq!(
-            keys_for_pod_event(&done, false, &caches),
+            keys_for_pod_event(&done, false, &caches, FeatureGates::default()),
             vec![
                 (WorkKey::claim("ns", "c1"), terminated),
                 (WorkKey::claim("ns", "ext"), terminated)
@@ -467,14 +494,14 @@ mod tests {
         caches
             .claims
             .apply("ns/c1".into(), claim("c1", "u1", false, &[]));
-        assert!(keys_for_pod_event(&running, false, &caches).is_empty());
+        assert!(keys_for_pod_event(&running, false, &caches, FeatureGates::default()).is_empty());
         assert_eq!(
-            keys_for_pod_event(&running, true, &caches),
+            keys_for_pod_event(&running, true, &caches, FeatureGates::default()),
             vec![(WorkKey::claim("ns", "c1"), Why::PodLetGo(LetGo::Removed))]
         );
         let unrelated: PodView =
             serde_json::from_value(json!({"metadata": {"name": "x", "namespace": "ns"}})).unwrap();
-        assert!(keys_for_pod_event(&unrelated, true, &caches).is_empty());
+        assert!(keys_for_pod_event(&unrelated, true, &caches, FeatureGates::default()).is_empty());
     }
 
     /// The sequence that leaked claims under faults: the claim is created,
@@ -494,17 +521,22 @@ mod tests {
         let terminated = Why::PodLetGo(LetGo::Terminated);
         let unrecorded = pod(json!({"status": {"phase": "Succeeded"}}));
         assert_eq!(
-            keys_for_pod_event(&unrecorded, false, &caches),
+            keys_for_pod_event(&unrecorded, false, &caches, FeatureGates::default()),
             vec![(WorkKey::claim("ns", "generated"), terminated)]
         );
         let recorded = pod(json!({"status": {"phase": "Failed",
             "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "generated"}]}}));
         assert_eq!(
-            keys_for_pod_event(&recorded, false, &caches),
+            keys_for_pod_event(&recorded, false, &caches, FeatureGates::default()),
             vec![(WorkKey::claim("ns", "generated"), terminated)]
         );
         assert_eq!(
-            keys_for_pod_event(&pod(json!({"status": {"phase": "Running"}})), true, &caches),
+            keys_for_pod_event(
+                &pod(json!({"status": {"phase": "Running"}})),
+                true,
+                &caches,
+                FeatureGates::default()
+            ),
             vec![(
                 WorkKey::claim("ns", "generated"),
                 Why::PodLetGo(LetGo::Removed)

@@ -267,14 +267,14 @@ impl Controller {
         }
         let mut pods = 0;
         for pod in caches.pods.list() {
-            if pod_needs_work(&pod, caches).is_ok() {
+            if pod_needs_work(&pod, caches, self.ctx.gates).is_ok() {
                 self.add(WorkKey::pod(pod.namespace(), pod.name()), Why::Leading);
                 pods += 1;
             }
         }
         let mut groups = 0;
         for group in caches.pod_groups.list() {
-            if podgroup::needs_work(&group, caches) {
+            if podgroup::needs_work(&group, caches, self.ctx.gates) {
                 self.add(
                     WorkKey::pod_group(group.namespace(), group.name()),
                     Why::Leading,

@@ -49,6 +49,26 @@ pub struct Reservation {
     pub consumer: ResourceClaimConsumerReference,
 }
 
+/// Why pod work leaves a pod alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    Deleting,
+    /// It will never run again, so it never gets a new claim.
+    Done,
+    /// Its PodGroup is not cached yet; its arrival wakes the pod.
+    PodGroupUnknown,
+}
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Skip::Deleting => "pod is being deleted",
+            Skip::Done => "pod is done",
+            Skip::PodGroupUnknown => "its PodGroup is not known yet",
+        })
+    }
+}
+
 /// Everything pod work decided for one pod.
 #[derive(Debug, Default)]
 pub struct PodDecision {
@@ -67,7 +87,7 @@ pub struct PodDecision {
     /// no longer its own: not replaced, the user is told once.
     pub missing: Vec<(String, String)>,
     /// Why nothing is done, when nothing is.
-    pub skipped: Option<&'static str>,
+    pub skipped: Option<Skip>,
     /// Why the pod is refused until the controller's own settings change
     /// (1.37's non-retryable errors): nothing else is done for it.
     pub refused: Option<String>,
@@ -87,12 +107,11 @@ impl PodDecision {
 pub fn decide(pod: &PodView, caches: &Caches, gates: FeatureGates) -> PodDecision {
     let mut decision = PodDecision::default();
     if pod.is_deleting() {
-        decision.skipped = Some("pod is being deleted");
+        decision.skipped = Some(Skip::Deleting);
         return decision;
     }
     if pod.is_done() {
-        // A pod that will never run again never gets a new claim.
-        decision.skipped = Some("pod is done");
+        decision.skipped = Some(Skip::Done);
         return decision;
     }
     let statuses = &pod.status.resource_claim_statuses;
@@ -119,7 +138,7 @@ pub fn decide(pod: &PodView, caches: &Caches, gates: FeatureGates) -> PodDecisio
         Some(Ok(group)) => Some(group),
         Some(Err(_)) => {
             // Its arrival wakes the pod (members are indexed by group).
-            decision.skipped = Some("its PodGroup is not known yet");
+            decision.skipped = Some(Skip::PodGroupUnknown);
             return decision;
         }
     };

@@ -49,6 +49,10 @@ pub fn decide(
     api: &PodGroupApi,
 ) -> GroupDecision {
     let mut decision = GroupDecision::default();
+    if !caches.group_claims_enabled() {
+        decision.skipped = Some("PodGroup claims are off (DRAWorkloadResourceClaims)");
+        return decision;
+    }
     if group.is_deleting() {
         decision.skipped = Some("PodGroup is being deleted");
         return decision;
@@ -115,16 +119,13 @@ pub fn decide(
     decision
 }
 
-/// Whether a PodGroup needs group work (cheap pre-check for events).
-pub fn needs_work(group: &PodGroupView, caches: &Caches) -> bool {
-    caches.group_claims_enabled()
-        && !group.is_deleting()
-        && group
-            .spec
-            .resource_claims
-            .iter()
-            .filter(|e| e.resource_claim_template_name.is_some())
-            .any(|e| !has_own_claim(group, &e.name, caches))
+/// Whether a PodGroup needs group work: read off what [`decide`] decides
+/// for it, so that what queues a group and what its sync does cannot
+/// disagree.
+pub fn needs_work(group: &PodGroupView, caches: &Caches, gates: FeatureGates) -> bool {
+    caches
+        .pod_group_api()
+        .is_some_and(|api| !decide(group, caches, gates, api).entries.is_empty())
 }
 
 /// Whether the claim recorded for `entry` exists and the group controls it.

@@ -215,7 +215,7 @@ fn group_work_table() {
     for (case, group, caches, want) in rows {
         assert_eq!(group_actions(&group, &caches), want, "{case}");
         assert_eq!(
-            podgroup::needs_work(&group, &caches),
+            podgroup::needs_work(&group, &caches, FeatureGates::default()),
             !want.is_empty() && !want[0].starts_with("skip"),
             "needs_work: {case}"
         );
@@ -223,7 +223,7 @@ fn group_work_table() {
 }
 
 /// Entry actions, reservation consumers, skip reason.
-type PodOutcome = (Vec<String>, Vec<Value>, Option<&'static str>);
+type PodOutcome = (Vec<String>, Vec<Value>, Option<pod::Skip>);
 
 /// The gates of a cluster of `release` whose API server serves PodGroups
 /// exactly when the caches hold them (1.36: DRAWorkloadResourceClaims;
@@ -313,7 +313,7 @@ fn member_pod_table() {
             "no-such-podgroup",
             pod_with(json!({})),
             caches(true, vec![], vec![], true),
-            (vec![], vec![], Some("its PodGroup is not known yet")),
+            (vec![], vec![], Some(pod::Skip::PodGroupUnknown)),
         ),
         (
             "entry differs from the group's: the pod's own claim",
@@ -496,7 +496,7 @@ fn member_pod_table_1_37() {
             pod_with(json!({})),
             caches(true, vec![], vec![], true),
             gates(true),
-            (vec![], vec![], Some("its PodGroup is not known yet")),
+            (vec![], vec![], Some(pod::Skip::PodGroupUnknown)),
         ),
     ];
     for (case, pod, caches, gates, want) in rows {

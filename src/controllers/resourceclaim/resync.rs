@@ -57,7 +57,7 @@ impl Controller {
             .pods
             .list()
             .iter()
-            .filter(|pod| pod_needs_work(pod, caches).is_ok())
+            .filter(|pod| pod_needs_work(pod, caches, self.ctx.gates).is_ok())
             .map(|pod| (WorkKey::pod(pod.namespace(), pod.name()), Why::Resync))
             .collect();
         let queued = keys.len();
@@ -71,7 +71,7 @@ impl Controller {
             .pod_groups
             .list()
             .iter()
-            .filter(|g| super::podgroup::needs_work(g, caches))
+            .filter(|g| super::podgroup::needs_work(g, caches, self.ctx.gates))
             .map(|g| (WorkKey::pod_group(g.namespace(), g.name()), Why::Resync))
             .collect();
         let queued = keys.len();

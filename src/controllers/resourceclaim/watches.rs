@@ -41,7 +41,7 @@ impl Handler<PodView> for Controller {
             self.pod_deleted(&gone);
         }
         for pod in &pods {
-            self.enqueue(keys_for_pod_event(pod, false, caches));
+            self.enqueue(keys_for_pod_event(pod, false, caches, self.ctx.gates));
         }
         for observer in self.observers.pods() {
             observer.relisted();
@@ -66,7 +66,7 @@ impl Handler<PodView> for Controller {
             Some(pod) => {
                 let pod = Arc::new(pod);
                 let old = caches.pods.apply(key, pod.clone());
-                self.enqueue(keys_for_pod_event(&pod, false, caches));
+                self.enqueue(keys_for_pod_event(&pod, false, caches, self.ctx.gates));
                 for observer in self.observers.pods() {
                     observer.applied(old.as_deref(), &pod);
                 }
@@ -221,7 +221,7 @@ impl Controller {
         let caches = &self.ctx.caches;
         let mut keys = Vec::new();
         // Members wait for their group to be known, claims or not.
-        if podgroup::needs_work(group, caches) {
+        if podgroup::needs_work(group, caches, self.ctx.gates) {
             keys.push((
                 WorkKey::pod_group(group.namespace(), group.name()),
                 Why::PodGroupNeedsWork,
@@ -236,7 +236,7 @@ impl Controller {
         let caches = &self.ctx.caches;
         podgroup::members(group, caches)
             .iter()
-            .flat_map(|pod| keys_for_pod_event(pod, false, caches))
+            .flat_map(|pod| keys_for_pod_event(pod, false, caches, self.ctx.gates))
             .collect()
     }
 
@@ -265,7 +265,7 @@ impl Controller {
     fn pod_deleted(&self, pod: &PodView) {
         let caches = &self.ctx.caches;
         caches.deleted_pods.add(pod.uid().to_string());
-        self.enqueue(keys_for_pod_event(pod, true, caches));
+        self.enqueue(keys_for_pod_event(pod, true, caches, self.ctx.gates));
         for observer in self.observers.pods() {
             observer.deleted(pod);
         }
@@ -284,13 +284,13 @@ impl Controller {
             .pods
             .by_index(PODS_BY_CLAIM, &object_key(claim.namespace(), claim.name()))
         {
-            keys.extend(keys_for_pod_event(&pod, false, caches));
+            keys.extend(keys_for_pod_event(&pod, false, caches, self.ctx.gates));
         }
         for group in caches.pod_groups.by_index(
             GROUPS_BY_CLAIM,
             &object_key(claim.namespace(), claim.name()),
         ) {
-            if podgroup::needs_work(&group, caches) {
+            if podgroup::needs_work(&group, caches, self.ctx.gates) {
                 keys.push((
                     WorkKey::pod_group(group.namespace(), group.name()),
                     Why::PodGroupNeedsWork,
@@ -313,10 +313,10 @@ impl Controller {
         let caches = &self.ctx.caches;
         let mut keys = Vec::new();
         for pod in caches.pods.by_index(PODS_BY_TEMPLATE, key) {
-            keys.extend(keys_for_pod_event(&pod, false, caches));
+            keys.extend(keys_for_pod_event(&pod, false, caches, self.ctx.gates));
         }
         for group in caches.pod_groups.by_index(GROUPS_BY_TEMPLATE, key) {
-            if podgroup::needs_work(&group, caches) {
+            if podgroup::needs_work(&group, caches, self.ctx.gates) {
                 keys.push((
                     WorkKey::pod_group(group.namespace(), group.name()),
                     Why::PodGroupNeedsWork,

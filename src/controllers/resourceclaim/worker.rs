@@ -75,7 +75,7 @@ impl Controller {
                 };
                 let decision = pod::decide(&pod, &ctx.caches, ctx.gates);
                 if let Some(reason) = decision.skipped {
-                    debug!(reason, "nothing to do for pod");
+                    debug!(%reason, "nothing to do for pod");
                 }
                 if decision.is_noop() {
                     return Ok(Synced::Done);
@@ -97,10 +97,6 @@ impl Controller {
                     debug!("PodGroup is gone; nothing to do");
                     return Ok(Synced::Done);
                 };
-                if !ctx.caches.group_claims_enabled() {
-                    debug!("PodGroup claims are off (DRAWorkloadResourceClaims); nothing to do");
-                    return Ok(Synced::Done);
-                }
                 let decision = podgroup::decide(&group, &ctx.caches, ctx.gates, api);
                 if let Some(reason) = decision.skipped {
                     debug!(reason, "nothing to do");

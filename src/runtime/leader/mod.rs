@@ -39,6 +39,10 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 mod elector;
+#[cfg(test)]
+mod elector_tests;
+#[doc(hidden)]
+pub mod fake_api;
 pub mod rules;
 
 use elector::{Elector, Observed, StatusSink, watch_lease};
