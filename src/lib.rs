@@ -27,5 +27,5 @@ pub mod controllers;
 pub mod inspect;
 pub mod model;
 pub mod naming;
-pub mod runtime;
+pub use dra_runtime as runtime;
 pub mod workqueue;

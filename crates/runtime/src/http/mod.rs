@@ -271,12 +271,9 @@ async fn readyz(State(health): State<Health>) -> Response {
 }
 
 async fn metrics(State(registry): State<Registry>) -> Response {
-    match crate::runtime::exposition::encode(&registry.gather()) {
+    match crate::exposition::encode(&registry.gather()) {
         Ok(body) => (
-            [(
-                header::CONTENT_TYPE,
-                crate::runtime::exposition::content_type(),
-            )],
+            [(header::CONTENT_TYPE, crate::exposition::content_type())],
             body,
         )
             .into_response(),

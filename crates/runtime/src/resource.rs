@@ -3,7 +3,9 @@
 //! then be listed and watched like the full type.
 
 /// Implements `kube::Resource` for `$ty` as the API type of that group,
-/// version, kind and plural; `$scope` is `k8s_openapi`'s scope type.
+/// version, kind and plural; `$scope` is `k8s_openapi`'s scope type. The
+/// crate using it depends on `kube` and `k8s_openapi`.
+#[macro_export]
 macro_rules! view_resource {
     ($ty:ty, $scope:ty, $group:expr, $version:expr, $kind:expr, $plural:expr) => {
         impl kube::Resource for $ty {
@@ -36,6 +38,7 @@ macro_rules! view_resource {
 
 /// `name()`, `namespace()` and `uid()` of a view with `metadata`: empty
 /// when unset.
+#[macro_export]
 macro_rules! view_accessors {
     ($ty:ty) => {
         impl $ty {
@@ -52,4 +55,4 @@ macro_rules! view_accessors {
     };
 }
 
-pub(crate) use {view_accessors, view_resource};
+pub use crate::{view_accessors, view_resource};

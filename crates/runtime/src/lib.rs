@@ -1,5 +1,5 @@
 //! The controller runtime: what any Kubernetes controller of ours needs,
-//! knowing no DRA type. Client and request budget ([`client`]) over a
+//! knowing no DRA type (a crate of its own, so the compiler keeps it so). Client and request budget ([`client`]) over a
 //! transport where no dead connection holds a request ([`transport`]), watches
 //! ([`informer`], in protobuf where a view reads it: [`protobuf`]; one watch
 //! shared by several rooms: [`shared`]) feeding indexed stores ([`store`]), errors that decide
@@ -7,7 +7,8 @@
 //! an API server outage ([`reachability`]), reads start-up cannot do without,
 //! retried instead of fatal ([`startup`]), Lease election ([`leader`]),
 //! and the HTTP endpoints with their exposition ([`http`], [`exposition`]),
-//! their certificate ([`tls`]) and who may read them ([`delegated`]).
+//! their certificate ([`tls`]) and who may read them ([`delegated`]); client-go's
+//! work queue with its metrics ([`workqueue`]).
 
 pub mod client;
 pub mod delegated;
@@ -27,3 +28,4 @@ pub mod startup;
 pub mod store;
 pub mod tls;
 pub mod transport;
+pub mod workqueue;
