@@ -20,12 +20,12 @@
 //! shutdown) with the flags of [`cli`]. The library surface exists so that
 //! integration tests and benchmarks drive the same code the binary runs.
 
-pub mod allocate;
+pub use dra_model::allocate;
 pub mod app;
 pub mod cli;
 pub mod controllers;
-pub mod inspect;
-pub mod model;
+pub use dra_inspect as inspect;
+pub use dra_model as model;
 pub mod naming;
 pub use dra_runtime as runtime;
 pub mod workqueue;

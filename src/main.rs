@@ -13,7 +13,7 @@ fn main() -> ExitCode {
     app::exit_on_panic();
     let mut args = Args::try_parse().unwrap_or_else(|e| app::exit_usage(e));
     if let Some(tool) = args.tool.take() {
-        return app::run_tool("dra-claim-controller", tool);
+        return dra_claim_controller::inspect::run_tool("dra-claim-controller", tool);
     }
     app::init_logging(&args);
     app::block_on_exit("dra-claim-controller", app::run(args))

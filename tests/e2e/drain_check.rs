@@ -55,9 +55,20 @@ impl Run {
 }
 
 fn binary(name: &str) -> PathBuf {
+    let controller = PathBuf::from(env!("CARGO_BIN_EXE_dra-claim-controller"));
     match name {
-        "kubectl-dra" => PathBuf::from(env!("CARGO_BIN_EXE_kubectl-dra")),
-        _ => PathBuf::from(env!("CARGO_BIN_EXE_dra-claim-controller")),
+        // A package of its own (it links no controller), built beside the
+        // controller by `cargo test` of the workspace.
+        "kubectl-dra" => {
+            let plugin = controller.with_file_name("kubectl-dra");
+            assert!(
+                plugin.is_file(),
+                "{} not built: run `cargo build -p kubectl-dra` (cargo test of the workspace does)",
+                plugin.display()
+            );
+            plugin
+        }
+        _ => controller,
     }
 }
 

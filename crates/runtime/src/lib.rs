@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod delegated;
+pub mod duration;
 pub mod error;
 pub mod events;
 pub mod exposition;
@@ -19,6 +20,7 @@ pub mod http;
 pub mod informer;
 pub mod leader;
 pub mod priority;
+pub mod process;
 pub mod protobuf;
 pub mod reachability;
 pub mod resource;

@@ -24,8 +24,8 @@ use k8s_openapi::jiff::Timestamp;
 use super::placement::allocation_serves;
 use super::report::{ClaimRef, DrainCheckReport, Finding};
 use super::snapshot::{Snapshot, claim_ref, devices, named_pods};
-use crate::model::classify::{ClaimFacts, PodRef, PodState, pod_consumers, problems};
-use crate::model::views::PodView;
+use dra_model::classify::{ClaimFacts, PodRef, PodState, pod_consumers, problems};
+use dra_model::views::PodView;
 
 /// How long after its containers finished a pod still counts as holding
 /// its devices: the kubelet unprepares them during the pod's cleanup.
@@ -303,9 +303,9 @@ pub fn check(snapshot: &Snapshot, scope: DrainScope<'_>, now: Timestamp) -> Drai
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inspect::placement::NodeFacts;
-    use crate::inspect::report::{DrainCheckReport, Verdict};
-    use crate::model::views::PodView;
+    use crate::placement::NodeFacts;
+    use crate::report::{DrainCheckReport, Verdict};
+    use dra_model::views::PodView;
     use serde_json::{Value, json};
 
     const NODE: &str = "gpu-1";
@@ -500,7 +500,7 @@ mod tests {
         let mut placeholder = node_pod("pool-gpu-x", "Running", &["held"], None);
         placeholder.metadata.labels = Some(
             [(
-                crate::naming::WATERMARK_LABEL.to_string(),
+                dra_model::naming::WATERMARK_LABEL.to_string(),
                 "pool".to_string(),
             )]
             .into(),

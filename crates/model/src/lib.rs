@@ -4,14 +4,17 @@
 //! ([`consumers`]), devices and double allocations ([`device`]), the claim
 //! classifier behind `drain-check`, `audit` and the controller's gauges
 //! ([`classify`]), what a pod requests ([`requests`]), and the feature
-//! gates ([`features`]). Uses the runtime's
-//! types; knows no controller.
+//! gates ([`features`]); claim names and ownership ([`naming`]); the pure
+//! device allocator ([`allocate`]). Uses the runtime's types; knows no
+//! controller (a crate of its own, so the compiler keeps it so).
 
+pub mod allocate;
 pub mod classify;
 pub mod consumers;
 pub mod device;
 pub mod features;
 pub mod indexes;
+pub mod naming;
 pub mod requests;
 pub mod selector;
 pub mod views;

@@ -15,8 +15,8 @@ use super::{
     ANNOTATION_VALUE_MAX, ExtendedClaimRef, POD_LABELS_READ, PodView, PodViewSpec, PodViewStatus,
     SchedulingConditions, SchedulingGroupRef, fields_v1_own_node_name,
 };
-use crate::model::requests::{InitRequests, ResourceList, add_into, parse_list};
-use crate::runtime::protobuf::{FromProtobuf, Value, WireError, fields, map_entry, time};
+use crate::requests::{InitRequests, ResourceList, add_into, parse_list};
+use dra_runtime::protobuf::{FromProtobuf, Value, WireError, fields, map_entry, time};
 
 impl FromProtobuf for PodView {
     /// `Pod`: metadata 1, spec 2, status 3.

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::ops::Deref;
 use std::time::Instant;
 
-use crate::runtime::resource::{view_accessors, view_resource};
+use dra_runtime::resource::{view_accessors, view_resource};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{PodResourceClaim, PodResourceClaimStatus};
 use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
@@ -475,8 +475,8 @@ namespaced_resource!(PodView, "", "v1", "Pod", "pods");
 
 impl PodView {
     /// The pod as the object a Warning event is about.
-    pub fn involved(&self) -> crate::runtime::events::Involved<'_> {
-        crate::runtime::events::Involved {
+    pub fn involved(&self) -> dra_runtime::events::Involved<'_> {
+        dra_runtime::events::Involved {
             api_version: "v1".into(),
             kind: "Pod",
             name: self.name(),
@@ -741,13 +741,13 @@ impl ClaimView {
 
     /// The devices this claim takes from others: every allocated device
     /// except those held with admin access (which share a device).
-    pub fn held_devices(&self) -> impl Iterator<Item = crate::model::DeviceId> + '_ {
+    pub fn held_devices(&self) -> impl Iterator<Item = crate::DeviceId> + '_ {
         self.status
             .allocation
             .iter()
             .flat_map(|a| &a.devices.results)
             .filter_map(|r| {
-                crate::model::DeviceId::taken_by(
+                crate::DeviceId::taken_by(
                     &r.driver,
                     &r.pool,
                     &r.device,
@@ -994,18 +994,18 @@ fn node_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
 #[derive(Clone)]
 pub struct DeviceStores {
     pub slices:
-        std::sync::Arc<crate::runtime::store::Store<k8s_openapi::api::resource::v1::ResourceSlice>>,
+        std::sync::Arc<dra_runtime::store::Store<k8s_openapi::api::resource::v1::ResourceSlice>>,
     pub classes:
-        std::sync::Arc<crate::runtime::store::Store<k8s_openapi::api::resource::v1::DeviceClass>>,
-    pub nodes: std::sync::Arc<crate::runtime::store::Store<NodeView>>,
+        std::sync::Arc<dra_runtime::store::Store<k8s_openapi::api::resource::v1::DeviceClass>>,
+    pub nodes: std::sync::Arc<dra_runtime::store::Store<NodeView>>,
 }
 
 impl Default for DeviceStores {
     fn default() -> Self {
         DeviceStores {
-            slices: std::sync::Arc::new(crate::runtime::store::Store::new(Vec::new())),
-            classes: std::sync::Arc::new(crate::runtime::store::Store::new(Vec::new())),
-            nodes: std::sync::Arc::new(crate::runtime::store::Store::new(Vec::new())),
+            slices: std::sync::Arc::new(dra_runtime::store::Store::new(Vec::new())),
+            classes: std::sync::Arc::new(dra_runtime::store::Store::new(Vec::new())),
+            nodes: std::sync::Arc::new(dra_runtime::store::Store::new(Vec::new())),
         }
     }
 }
@@ -1029,13 +1029,13 @@ view_resource!(
     "nodes"
 );
 
-impl crate::runtime::store::HasUid for PodView {
+impl dra_runtime::store::HasUid for PodView {
     fn uid(&self) -> &str {
         PodView::uid(self)
     }
 }
 
-impl crate::runtime::store::HasUid for PodGroupView {
+impl dra_runtime::store::HasUid for PodGroupView {
     fn uid(&self) -> &str {
         PodGroupView::uid(self)
     }

@@ -14,7 +14,7 @@ use k8s_openapi::api::resource::v1::{Device, DeviceTaint, ResourceSlice};
 use super::quantity::Quantity;
 use super::selector::{AttributeValue, DeviceFacts};
 use super::semver::Version;
-use crate::model::DeviceId;
+use crate::DeviceId;
 
 /// One device of the node.
 #[derive(Clone, Debug)]

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::PodResourceClaim;
 
 use super::views::{ClaimView, PodGroupView, PodView};
 use crate::naming::{controller_of, controlling_pod, resolve_claim};
-use crate::runtime::store::object_key;
+use dra_runtime::store::object_key;
 
 pub const PODS_BY_CLAIM: &str = "pods-by-claim";
 pub const PODS_BY_TEMPLATE: &str = "pods-by-template";

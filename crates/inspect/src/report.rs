@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::model::classify::{PodRef, PodState, Problem, ProblemKind};
+use dra_model::classify::{PodRef, PodState, Problem, ProblemKind};
 
 /// `apiVersion` of both documents. Fields are only ever added within it.
 pub const REPORT_API_VERSION: &str = "dra-claim-controller.io/v1alpha1";
@@ -35,7 +35,7 @@ pub struct ClaimRef {
 }
 
 /// A device as reports name it: the allocator's device identity.
-pub use crate::model::DeviceId as DeviceRef;
+pub use dra_model::DeviceId as DeviceRef;
 
 /// The object a finding is about, besides the claim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

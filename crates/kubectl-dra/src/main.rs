@@ -8,8 +8,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use dra_claim_controller::app;
-use dra_claim_controller::inspect::Tool;
+use dra_inspect::{Tool, run_tool};
+use dra_runtime::process::exit_usage;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -32,9 +32,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::try_parse().unwrap_or_else(|e| app::exit_usage(e));
+    let cli = Cli::try_parse().unwrap_or_else(|e| exit_usage(e));
     match cli.command {
-        Command::Tool(tool) => app::run_tool("kubectl dra", *tool),
+        Command::Tool(tool) => run_tool("kubectl dra", *tool),
         Command::Completion { shell } => {
             clap_complete::generate(
                 shell,

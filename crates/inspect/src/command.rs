@@ -13,10 +13,10 @@ use super::drain::{DEFAULT_FINISHED_GRACE, DrainScope, check, unknown_target};
 use super::read::{ReadError, Reader};
 use super::release;
 use super::report::{AuditScope, DrainCheckReport, Finding, exit};
-use crate::cli::FlagDuration;
-use crate::runtime::client::{
+use dra_runtime::client::{
     ClientOptions, ConnectionOverrides, DEFAULT_BURST, DEFAULT_QPS, build_client,
 };
+use dra_runtime::duration::FlagDuration;
 
 /// The read-only commands.
 #[derive(Debug, Clone, Subcommand)]
@@ -42,7 +42,7 @@ pub struct CheckReleaseArgs {
     #[arg(long, default_value = "app.kubernetes.io/name=dra-claim-controller")]
     pub selector: String,
     /// Name of the controller's Lease.
-    #[arg(long, default_value = crate::runtime::leader::DEFAULT_LEASE_NAME)]
+    #[arg(long, default_value = dra_runtime::leader::DEFAULT_LEASE_NAME)]
     pub lease: String,
     /// URL of the controller's /metrics, e.g. https://dra-claim-controller-metrics.dra-system.svc:8080/metrics (empty: not checked). Its certificate is not verified: the check is whether it answers.
     #[arg(long, default_value = "")]

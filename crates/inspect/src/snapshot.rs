@@ -8,10 +8,10 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
 use super::placement::NodeFacts;
 use super::report::{ClaimRef, DeviceRef};
-use crate::model::classify::ClaimFacts;
-use crate::model::consumers::is_pod_consumer;
-use crate::model::views::PodView;
-use crate::naming::controlling_pod;
+use dra_model::classify::ClaimFacts;
+use dra_model::consumers::is_pod_consumer;
+use dra_model::naming::controlling_pod;
+use dra_model::views::PodView;
 
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {

@@ -11,7 +11,7 @@ use super::drain::{DrainScope, matters_to_node};
 use super::placement::{DevicePlacement, device_placement};
 use super::report::{AuditFinding, AuditReport, AuditScope, Finding, REPORT_API_VERSION};
 use super::snapshot::{Snapshot, claim_ref, devices, named_pods};
-use crate::model::classify::{ClaimFacts, problems};
+use dra_model::classify::{ClaimFacts, problems};
 
 /// Whether the claim is in the audit's scope. The reader has already
 /// narrowed claims to the namespace.
@@ -105,7 +105,7 @@ pub fn audit(snapshot: &Snapshot, scope: AuditScope, now: Timestamp) -> AuditRep
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::views::PodView;
+    use dra_model::views::PodView;
     use serde_json::json;
 
     fn snapshot() -> Snapshot {
@@ -186,7 +186,7 @@ mod tests {
         let mut s = snapshot();
         let done: PodView = serde_json::from_value(json!({
             "metadata": {"name": "done", "namespace": "a", "uid": "u1",
-                         "labels": {crate::naming::WATERMARK_LABEL: "pool"}},
+                         "labels": {dra_model::naming::WATERMARK_LABEL: "pool"}},
             "spec": {"nodeName": "gpu-1"}, "status": {"phase": "Succeeded"}}))
         .unwrap();
         s.add_pod(done);

@@ -20,3 +20,11 @@ pub mod report;
 pub mod snapshot;
 
 pub use command::{Tool, run};
+
+/// Runs a read-only command (drain-check, audit) as `program`: warnings
+/// and errors only, as text on stderr (stdout carries the report; RUST_LOG
+/// overrides the level).
+pub fn run_tool(program: &str, tool: Tool) -> std::process::ExitCode {
+    dra_runtime::process::init_logging("warn", "warn", false);
+    dra_runtime::process::block_on_exit(program, async { Ok(run(tool).await) })
+}

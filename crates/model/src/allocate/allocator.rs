@@ -19,7 +19,7 @@ use k8s_openapi::api::resource::v1::{
 use super::inventory::{Inventory, NodeDevice};
 use super::selector::Selector;
 use super::solver_thread::on_solver_stack;
-use crate::model::DeviceId;
+use crate::DeviceId;
 
 use super::search::{Alternative, MatchConstraint, Mode, Request, Tally};
 pub use super::search::{MAX_DEVICES_PER_CLAIM, MAX_SEARCH_STEPS, MAX_SEARCH_TIME};

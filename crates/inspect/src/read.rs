@@ -16,7 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::drain::{DrainScope, claims_to_look_up, pods_to_look_up};
 use super::placement::NodeFacts;
 use super::snapshot::Snapshot;
-use crate::model::views::PodView;
+use dra_model::views::PodView;
 
 /// Objects per page of a list: large clusters are read in pieces, so that
 /// neither the API server nor this process holds one huge answer.

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::allocator::{AllocationInput, Outcome, allocate};
 use super::inventory::node_inventory;
-use crate::model::DeviceId;
+use crate::DeviceId;
 
 const NODE: &str = "node-1";
 
