@@ -270,3 +270,153 @@ fn container_finished_at(raw: &[u8]) -> Result<Option<Time>, WireError> {
     }
     Ok(finished_at)
 }
+
+/// Decoding checked against bytes a real kube-apiserver wrote: a protobuf
+/// watch of four pods (`testdata/pods.watch.pb`, the frames of
+/// `GET /api/v1/namespaces/NS/pods?watch=true&resourceVersion=0`) and the
+/// same pods as JSON (`testdata/pods.json`), captured by the e2e set-up of
+/// `pods_read_from_protobuf_equal_pods_read_from_json`: one created with
+/// its node and two claims (Succeeded, a placeholder label and one
+/// another), one bound through `pods/binding`, one held by a finalizer and
+/// deleted, one with requests of every kind and scheduling gates.
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use dra_runtime::protobuf::{Frames, watch_event};
+    use kube::api::WatchEvent;
+
+    use super::*;
+    use crate::naming::WATERMARK_LABEL;
+
+    const WATCH: &[u8] = include_bytes!("testdata/pods.watch.pb");
+    const JSON: &str = include_str!("testdata/pods.json");
+
+    fn frames() -> Vec<bytes::Bytes> {
+        let mut frames = Frames::default();
+        frames.push(WATCH);
+        let mut out = Vec::new();
+        while let Some(frame) = frames.next_frame().unwrap() {
+            out.push(frame);
+        }
+        assert!(frames.is_empty(), "the capture ends with a whole frame");
+        out
+    }
+
+    fn from_protobuf() -> BTreeMap<String, PodView> {
+        frames()
+            .iter()
+            .map(|frame| match watch_event::<PodView>(frame).unwrap() {
+                WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
+                    (pod.metadata.name.clone().unwrap(), pod)
+                }
+                other => panic!("unexpected event {other:?}"),
+            })
+            .collect()
+    }
+
+    fn from_json() -> BTreeMap<String, PodView> {
+        let list: serde_json::Value = serde_json::from_str(JSON).unwrap();
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| {
+                let pod: PodView = serde_json::from_value(item.clone()).unwrap();
+                (pod.metadata.name.clone().unwrap(), pod)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_real_api_servers_pods_read_alike_from_protobuf_and_json() {
+        let (protobuf, json) = (from_protobuf(), from_json());
+        assert_eq!(protobuf.len(), 4);
+        assert_eq!(format!("{protobuf:#?}"), format!("{json:#?}"));
+        // Real values, not two empty views.
+        let finished = &protobuf["finished"];
+        assert_eq!(finished.spec.node_name.as_deref(), Some("node-1"));
+        assert_eq!(finished.spec.resource_claims.len(), 2);
+        assert_eq!(finished.status.phase.as_deref(), Some("Succeeded"));
+        assert_eq!(finished.status.resource_claim_statuses.len(), 1);
+        assert!(finished.status.scheduling.scheduled);
+        assert!(finished.status.containers_finished_at.is_some());
+        assert!(finished.node_name_written, "its creator owns spec.nodeName");
+        assert_eq!(
+            finished.metadata.labels,
+            Some([(WATERMARK_LABEL.to_string(), "wm-1".to_string())].into()),
+            "only the labels read are kept"
+        );
+        let bound = &protobuf["bound"];
+        assert_eq!(bound.spec.node_name.as_deref(), Some("node-2"));
+        assert!(!bound.node_name_written, "bound through pods/binding");
+        let plain = &protobuf["plain"];
+        assert!(plain.status.scheduling.unschedulable);
+        assert_eq!(plain.spec.placeholder_gate, Some(1));
+        assert!(plain.is_seed_placeholder() && plain.placeholder_entry() == Some("gpu"));
+        let held = &protobuf["held"];
+        assert!(held.metadata.deletion_timestamp.is_some());
+        assert!(!held.metadata.uid.as_deref().unwrap_or_default().is_empty());
+    }
+
+    /// A watch body arriving in pieces yields each frame once it is whole,
+    /// never a part of one.
+    #[test]
+    fn frames_come_whole_however_the_bytes_arrive() {
+        let whole = frames();
+        for chunk in [1, 7, 500] {
+            let mut frames = Frames::default();
+            let mut got = Vec::new();
+            for piece in WATCH.chunks(chunk) {
+                frames.push(piece);
+                while let Some(frame) = frames.next_frame().unwrap() {
+                    got.push(frame);
+                }
+            }
+            assert_eq!(got, whole, "in chunks of {chunk} bytes");
+        }
+        let mut cut = Frames::default();
+        cut.push(&WATCH[..WATCH.len() - 1]);
+        let mut seen = 0;
+        while cut.next_frame().unwrap().is_some() {
+            seen += 1;
+        }
+        assert_eq!(
+            seen,
+            whole.len() - 1,
+            "the last, cut short, is not given out"
+        );
+        assert!(!cut.is_empty(), "its bytes wait for the rest");
+    }
+
+    /// A frame cut anywhere never panics, and a cut inside a nested message
+    /// (the pod, its metadata, its spec) is an error, not a smaller pod.
+    #[test]
+    fn a_frame_cut_short_is_an_error_never_a_panic() {
+        let frame = &frames()[0];
+        let mut errors = 0;
+        for len in 0..frame.len() {
+            if watch_event::<PodView>(&frame[..len]).is_err() {
+                errors += 1;
+            }
+        }
+        // The only cuts that still parse end exactly between two fields of
+        // the outermost message (the event type, the object).
+        assert!(
+            errors >= frame.len() - 3,
+            "{errors} of {} cuts refused",
+            frame.len()
+        );
+    }
+
+    /// A length prefix that points past the end is refused.
+    #[test]
+    fn a_length_past_the_end_is_refused() {
+        let mut frame = frames()[0].to_vec();
+        // Field 1 (the event type), length-delimited: tag 0x0a, then its
+        // length; claim far more bytes than there are.
+        assert_eq!(frame[0], 0x0a);
+        frame[1] = 0x7f;
+        assert!(watch_event::<PodView>(&frame).is_err());
+    }
+}
