@@ -23,12 +23,14 @@ use crate::runtime::shared::WatchesSynced;
 use crate::runtime::startup::{PER_TRY_DEADLINE, StartupRead, read_until_answered};
 use watches::{DeviceObservers, DeviceWatches};
 
+pub mod rooms;
 pub mod watches;
 use crate::runtime::client::{ClientOptions, build_client};
 use crate::runtime::delegated::Gate;
 use crate::runtime::http::{Health, MetricsAccess, start_servers};
 use crate::runtime::leader::{LeaderElection, LeaderElectionOptions};
 use crate::runtime::tls::{CertFiles, CertSource, server_config};
+use rooms::Room;
 
 use crate::runtime::process;
 pub use crate::runtime::process::{
@@ -330,31 +332,28 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    controller.start_leading();
-    let mut workers = vec![tokio::spawn(
-        controller
-            .clone()
-            .run_workers(args.concurrent_syncs as usize),
-    )];
+    // Every room alike: lead, work, and on the way out no new work, then
+    // the requests in flight.
+    let mut rooms: Vec<Box<dyn Room>> = vec![Box::new(rooms::Claims {
+        controller: controller.clone(),
+        workers: args.concurrent_syncs as usize,
+    })];
     if let Some(allocator) = &allocator {
-        allocator.start_leading();
-        workers.push(tokio::spawn(allocator.clone().run_worker()));
+        rooms.push(Box::new(allocator.clone()));
     }
     if let Some(headroom) = &headroom {
-        headroom.start_leading();
-        workers.push(tokio::spawn(headroom.clone().run_worker()));
+        rooms.push(Box::new(headroom.clone()));
     }
+    let workers: Vec<tokio::task::JoinHandle<()>> = rooms
+        .iter()
+        .map(|room| {
+            room.start_leading();
+            tokio::spawn(room.run_workers())
+        })
+        .collect();
     let abort_workers =
         |workers: &[tokio::task::JoinHandle<()>]| workers.iter().for_each(|w| w.abort());
-    let shut_queues = || {
-        controller.queue().shut_down();
-        if let Some(allocator) = &allocator {
-            allocator.queue().shut_down();
-        }
-        if let Some(headroom) = &headroom {
-            headroom.queue().shut_down();
-        }
-    };
+    let shut_queues = || rooms.iter().for_each(|room| room.shut_queue());
 
     tokio::select! {
         reason = &mut lost => {
@@ -378,21 +377,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     // unreachable API server.
     shut_queues();
     drain.start();
-    let in_flight = async {
-        tokio::join!(
-            controller.shut_down(),
-            async {
-                if let Some(allocator) = &allocator {
-                    allocator.shut_down().await;
-                }
-            },
-            async {
-                if let Some(headroom) = &headroom {
-                    headroom.shut_down().await;
-                }
-            }
-        );
-    };
+    let in_flight = futures::future::join_all(rooms.iter().map(|room| room.shut_down()));
     tokio::select! {
         finished = tokio::time::timeout(args.shutdown_timeout.0, in_flight) => {
             if finished.is_err() {

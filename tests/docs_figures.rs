@@ -175,3 +175,87 @@ fn reliability_doc_states_the_start_up_read_constants() {
         ],
     );
 }
+
+/// `n` with a comma between thousands, as the documents write numbers.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Every figure the README and docs restate from a limit of the code,
+/// beyond the transport's: solver bounds, listener limits, review and
+/// event budgets, the silent-watch bound, lease renewal retries, the
+/// not-allocated grace.
+#[test]
+fn documents_state_the_limits_of_the_code() {
+    use dra_claim_controller::allocate::SOLVER_STACK_BYTES;
+    use dra_claim_controller::allocate::allocator::{MAX_SEARCH_STEPS, MAX_SEARCH_TIME};
+    use dra_claim_controller::controllers::resourceclaim::pod::NOT_ALLOCATED_GRACE;
+    use dra_claim_controller::runtime::delegated::{REVIEWS_PER_SECOND, VERDICT_TTL};
+    use dra_claim_controller::runtime::events::{OBJECT_BURST, OBJECT_REFILL, WRITES_PER_SECOND};
+    use dra_claim_controller::runtime::http::serve::{
+        HANDLER_TIMEOUT, HANDSHAKE_TIMEOUT, HEADER_READ_TIMEOUT, MAX_CONNECTIONS,
+    };
+    use dra_claim_controller::runtime::informer::SILENT_STREAM_BOUND_SECS;
+    use dra_claim_controller::runtime::leader::DEFAULT_RENEW_DEADLINE;
+    use dra_claim_controller::runtime::leader::rules::RENEW_RETRY_AFTER_FAILURE;
+
+    assert_eq!(
+        HANDSHAKE_TIMEOUT, HEADER_READ_TIMEOUT,
+        "the README gives one figure for both"
+    );
+    let readme = read("README.md");
+    let says = |figure: String| {
+        let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            flat.contains(&figure),
+            "README.md should say {figure:?} (the code's value)"
+        );
+    };
+    says(format!(
+        "bounded at {} search steps and {} per pod",
+        thousands(MAX_SEARCH_STEPS),
+        secs(MAX_SEARCH_TIME)
+    ));
+    says(format!(
+        "{} MiB of reserved stack",
+        SOLVER_STACK_BYTES >> 20
+    ));
+    says(format!(
+        "at most {MAX_CONNECTIONS} connections at once; {} for a TLS handshake and for request headers; {} per handler",
+        secs(HANDSHAKE_TIMEOUT),
+        secs(HANDLER_TIMEOUT)
+    ));
+    says(format!(
+        "Verdicts are cached {}; reviews have their own budget ({REVIEWS_PER_SECOND}/s)",
+        secs(VERDICT_TTL)
+    ));
+    says(format!(
+        "spam filter per object ({OBJECT_BURST}, then one per {} minutes, as client-go's) and a budget of their own ({WRITES_PER_SECOND}/s)",
+        OBJECT_REFILL.as_secs() / 60
+    ));
+    says(format!(
+        "silent watches replaced within {SILENT_STREAM_BOUND_SECS} s"
+    ));
+    says(format!(
+        "retried after {} ms, well within the default {} renew deadline",
+        RENEW_RETRY_AFTER_FAILURE.as_millis(),
+        secs(DEFAULT_RENEW_DEADLINE)
+    ));
+    let differences = read("docs/differences.md")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let grace = format!("still unallocated {} later", secs(NOT_ALLOCATED_GRACE));
+    assert!(
+        differences.contains(&grace),
+        "docs/differences.md should say {grace:?}"
+    );
+}

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::cluster::{ApiserverOptions, ControllerOpts, client_from};
 use crate::ctx::TestCtx;
-use crate::k8s::Source;
+use crate::k8s::{Source, wait_for};
 
 /// Service accounts flooding, and concurrent lists each keeps going.
 const FLOODERS: usize = 6;
@@ -79,8 +79,25 @@ impl Flood {
                 }));
             }
         }
-        // Let the queues fill.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // The priority level is full: every list holds a seat, or the
+        // API server has started refusing them.
+        let lists = (clients.len() * LISTS_PER_FLOODER) as u64;
+        wait_for(
+            "the flood to fill its priority level",
+            Duration::from_secs(30),
+            async || {
+                let (held, refused) = (
+                    flood.held.load(Ordering::Relaxed),
+                    flood.refused.load(Ordering::Relaxed),
+                );
+                anyhow::ensure!(
+                    held >= lists || refused > 0,
+                    "{held} held, {refused} refused"
+                );
+                Ok(())
+            },
+        )
+        .await;
         flood
     }
 }
@@ -150,6 +167,10 @@ async fn the_chart_flow_schema_keeps_claims_at_pace_under_an_api_flood() {
         .filter(|d| d["kind"] == "FlowSchema")
         .collect();
     assert_eq!(flow_schema.len(), 1, "the chart ships one FlowSchema");
+    let flow_schema_name = flow_schema[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let flow_schema = serde_yaml::to_string(&flow_schema[0]).unwrap();
 
     // What the flood lists, in a namespace of its own.
@@ -228,8 +249,30 @@ async fn the_chart_flow_schema_keeps_claims_at_pace_under_an_api_flood() {
     crate::helm::apply_rendered(&admin, &flow_schema)
         .await
         .unwrap();
-    // The API server's configuration controller picks the schema up.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The API server's configuration controller has taken the schema in
+    // once it has judged it (its Dangling condition: False, the priority
+    // level exists).
+    let schemas: Api<k8s_openapi::api::flowcontrol::v1::FlowSchema> = Api::all(admin.clone());
+    wait_for(
+        "the API server to take the FlowSchema in",
+        Duration::from_secs(30),
+        async || {
+            let schema = schemas.get(&flow_schema_name).await?;
+            let dangling = schema
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|c| c.type_ == "Dangling")
+                .and_then(|c| c.status);
+            anyhow::ensure!(
+                dangling.as_deref() == Some("False"),
+                "Dangling: {dangling:?}"
+            );
+            Ok(())
+        },
+    )
+    .await;
     let flood = Flood::start(&flooders, flood_ns).await;
     let (high_recorded, high_took) = time_claims(&t, "high").await;
     let (held, refused) = (

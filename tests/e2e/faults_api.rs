@@ -236,8 +236,24 @@ async fn silent_watches_are_replaced() {
         t.allocate(&claim, json!([pod_ref(&pod)])).await;
         claims.push(claim);
     }
-    // Let the controller see everything before its streams go quiet.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The controller has seen every allocation before its streams go quiet
+    // (its claim gauge counts them from its cache).
+    wait_for(
+        "the controller to cache the 20 allocated claims",
+        BOUND,
+        async || {
+            let text = t.controller().metrics_text().await?;
+            let allocated = crate::rawhttp::metric_value(
+                &text,
+                "resourceclaim_controller_resource_claims",
+                &["allocated=\"true\""],
+            )
+            .unwrap_or_default();
+            anyhow::ensure!(allocated >= 20.0, "{allocated} allocated claims cached");
+            Ok(())
+        },
+    )
+    .await;
     proxy.stall_open_watches();
     let silent_since = Instant::now();
     for i in 0..10 {

@@ -349,13 +349,32 @@ async fn only_the_leader_writes(leader: &Replica, standby: &Replica) {
     };
     let (_, leader_creates) = read(leader).await;
     let (standby_writes, standby_creates) = read(standby).await;
-    tokio::time::sleep(window).await;
-    let (_, leader_creates_after) = read(leader).await;
+    // The leader works (its creates rise, however soon) ...
+    crate::k8s::wait_for(
+        "the leader to create claims under load",
+        window * 10,
+        async || {
+            let (_, now) = read(leader).await;
+            anyhow::ensure!(
+                now > leader_creates,
+                "{now} creates, {leader_creates} before"
+            );
+            Ok(())
+        },
+    )
+    .await;
+    // ... while for a whole window the standby writes nothing.
+    crate::k8s::holds_for("the standby to send no write", window, async || {
+        let (writes_now, creates_now) = read(standby).await;
+        anyhow::ensure!(
+            writes_now == standby_writes && creates_now == 0.0,
+            "the standby sent {} writes and created {creates_now} claims while the other replica led",
+            writes_now - standby_writes
+        );
+        Ok(())
+    })
+    .await;
     let (standby_writes_after, standby_creates_after) = read(standby).await;
-    assert!(
-        leader_creates_after > leader_creates,
-        "the leader created no claim in {window:?} of load ({leader_creates} before and after)"
-    );
     assert_eq!(
         standby_creates_after, 0.0,
         "the standby created claims (was {standby_creates})"

@@ -21,11 +21,11 @@ use kube::api::{Api, PostParams};
 use tracing::debug;
 
 /// How long a verdict is reused for the same token and path.
-const VERDICT_TTL: Duration = Duration::from_secs(10);
+pub const VERDICT_TTL: Duration = Duration::from_secs(10);
 /// Verdicts held at most; beyond, expired ones go, then all.
 const MAX_VERDICTS: usize = 1024;
 /// Reviews (TokenReview plus SubjectAccessReview) per second, and burst.
-const REVIEWS_PER_SECOND: u32 = 5;
+pub const REVIEWS_PER_SECOND: u32 = 5;
 const REVIEWS_BURST: u32 = 20;
 
 /// What the gate says about one request.

@@ -29,12 +29,12 @@ const AGGREGATION_WINDOW: Duration = Duration::from_secs(600);
 /// Bound on remembered events, so memory stays flat however many pods fail.
 const MAX_REMEMBERED: usize = 4096;
 /// Events one object may get at once (client-go's spam filter burst).
-const OBJECT_BURST: f64 = 25.0;
+pub const OBJECT_BURST: f64 = 25.0;
 /// Then one more per this interval (client-go: one per 5 minutes).
-const OBJECT_REFILL: Duration = Duration::from_secs(300);
+pub const OBJECT_REFILL: Duration = Duration::from_secs(300);
 /// Event writes per second of one recorder, across all objects, and the
 /// burst over it: the budget events have instead of the client's.
-const WRITES_PER_SECOND: u32 = 10;
+pub const WRITES_PER_SECOND: u32 = 10;
 const WRITES_BURST: u32 = 100;
 
 /// One object's spam budget: a token bucket.

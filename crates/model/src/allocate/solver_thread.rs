@@ -150,7 +150,13 @@ mod tests {
                     let _slot = slots.take();
                     let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
-                    std::thread::sleep(Duration::from_millis(30));
+                    // Hold the slot until both slots were seen taken at
+                    // once (or a bound passes), so the count is tested,
+                    // not the machine's timing.
+                    let bound = std::time::Instant::now() + Duration::from_secs(5);
+                    while most.load(Ordering::SeqCst) < 2 && std::time::Instant::now() < bound {
+                        std::thread::yield_now();
+                    }
                     running.fetch_sub(1, Ordering::SeqCst);
                 })
             })

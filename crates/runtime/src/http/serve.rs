@@ -26,12 +26,12 @@ use tracing::{debug, warn};
 /// needs one per scraper, the kubelet one per probe.
 pub const MAX_CONNECTIONS: usize = 64;
 /// A client must finish the TLS handshake within this.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// ... and send each request's headers within this (an idle keep-alive
 /// connection is closed after it too).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// A handler that takes longer is answered 503.
-const HANDLER_TIMEOUT: Duration = Duration::from_secs(30);
+pub const HANDLER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Answers 503 for a request whose handler outlives [`HANDLER_TIMEOUT`].
 pub async fn handler_deadline(req: Request, next: Next) -> Response {

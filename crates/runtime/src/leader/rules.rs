@@ -124,7 +124,7 @@ pub(super) fn renew_pause(retry_period: Duration, last_failed: bool) -> Duration
 
 /// See [`renew_pause`]: long enough that a refused connection is no busy
 /// loop, far below any renew deadline.
-const RENEW_RETRY_AFTER_FAILURE: Duration = Duration::from_millis(250);
+pub const RENEW_RETRY_AFTER_FAILURE: Duration = Duration::from_millis(250);
 
 #[cfg(test)]
 mod tests {
