@@ -79,25 +79,25 @@ impl Flood {
                 }));
             }
         }
-        // The priority level is full: every list holds a seat, or the
-        // API server has started refusing them.
-        let lists = (clients.len() * LISTS_PER_FLOODER) as u64;
-        wait_for(
-            "the flood to fill its priority level",
-            Duration::from_secs(30),
-            async || {
-                let (held, refused) = (
-                    flood.held.load(Ordering::Relaxed),
-                    flood.refused.load(Ordering::Relaxed),
-                );
-                anyhow::ensure!(
-                    held >= lists || refused > 0,
-                    "{held} held, {refused} refused"
-                );
-                Ok(())
-            },
-        )
-        .await;
+        // The priority level is full: the lists hold every seat it has (the
+        // count stops growing for a second; the rest wait in its queues or
+        // are refused).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (mut last, mut since) = (u64::MAX, Instant::now());
+        loop {
+            let held = flood.held.load(Ordering::Relaxed);
+            if held != last {
+                (last, since) = (held, Instant::now());
+            } else if held > 0 && since.elapsed() >= Duration::from_secs(1) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the flood never filled its priority level: {held} held, {} refused",
+                flood.refused.load(Ordering::Relaxed)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         flood
     }
 }

@@ -5,6 +5,17 @@
 use crate::model::requests::{ResourceList, add_into};
 use crate::model::views::PodView;
 
+/// Waits for devices as the headroom yield understands it: unbound, found
+/// unschedulable by kube-scheduler, with claims, not a placeholder, of a
+/// priority above `placeholder_priority`.
+pub fn waits_for_devices(pod: &PodView, placeholder_priority: i32) -> bool {
+    pod.is_unbound()
+        && pod.status.scheduling.unschedulable
+        && !pod.spec.resource_claims.is_empty()
+        && !pod.is_placeholder()
+        && pod.spec.priority.unwrap_or(0) > placeholder_priority
+}
+
 /// Whether the pod counts as workload on the nodes `selected` accepts:
 /// bound there, not terminal, not being deleted, not a placeholder (ours
 /// or the seed operator's), outside the `kube-*` namespaces.
@@ -243,7 +254,7 @@ mod tests {
             ),
         ];
         for (name, v, want) in rows {
-            assert_eq!(pod(v).waits_for_devices(-1), want, "{name}");
+            assert_eq!(waits_for_devices(&pod(v), -1), want, "{name}");
         }
     }
 }

@@ -227,7 +227,7 @@ impl Handler<PodView> for Controller {
         // devices are looked at again, as their events would have had them.
         if self.yield_enabled {
             for pod in self.pods.list() {
-                if pod.waits_for_devices(PLACEHOLDER_PRIORITY) {
+                if super::usage::waits_for_devices(&pod, PLACEHOLDER_PRIORITY) {
                     self.enqueue(format!(
                         "{POD_KEY_PREFIX}{}",
                         object_key(pod.namespace(), pod.name())
@@ -238,7 +238,8 @@ impl Handler<PodView> for Controller {
     }
     fn applied(&self, pod: PodView) {
         let key = object_key(pod.namespace(), pod.name());
-        let waits = self.yield_enabled && pod.waits_for_devices(PLACEHOLDER_PRIORITY);
+        let waits =
+            self.yield_enabled && super::usage::waits_for_devices(&pod, PLACEHOLDER_PRIORITY);
         let old = if keeps(&pod) {
             self.pods.apply(key.clone(), Arc::new(pod.clone()))
         } else {

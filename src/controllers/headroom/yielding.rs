@@ -67,7 +67,7 @@ impl Controller {
         let Some(cached) = self.pods.get(key) else {
             return Ok(());
         };
-        if !cached.waits_for_devices(PLACEHOLDER_PRIORITY) {
+        if !super::usage::waits_for_devices(&cached, PLACEHOLDER_PRIORITY) {
             return Ok(());
         }
         let uid = cached.uid().to_string();

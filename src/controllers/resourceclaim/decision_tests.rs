@@ -10,7 +10,6 @@ use serde_json::{Value, json};
 use super::cache::Caches;
 use super::claim::{self, ClaimActions, ClaimDecision, LivePod};
 use super::enqueue::pod_needs_work;
-use super::observe::first_sight;
 use super::pod::{self, EntryAction};
 use super::test_support::merge;
 use crate::model::consumers::DELETE_PROTECTION_FINALIZER;
@@ -35,7 +34,7 @@ fn pod_with(extra: Value) -> PodView {
         "status": {}
     });
     merge(&mut v, extra);
-    first_sight(serde_json::from_value(v).unwrap(), Instant::now())
+    PodView::at_first_sight(serde_json::from_value(v).unwrap(), Instant::now())
 }
 
 fn recorded(name: &str) -> Value {
@@ -499,7 +498,7 @@ fn missing_claim_on_node_is_reported_once() {
 /// claim needed".
 #[test]
 fn status_apply_keeps_failing_entries() {
-    let pod: PodView = first_sight(
+    let pod: PodView = PodView::at_first_sight(
         serde_json::from_value(json!({
             "metadata": {"name": POD, "namespace": NS, "uid": POD_UID},
             "spec": {"resourceClaims": [

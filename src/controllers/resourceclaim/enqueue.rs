@@ -300,7 +300,6 @@ pub fn keys_for_pod_event(
 
 #[cfg(test)]
 mod tests {
-    use super::super::observe::first_sight;
     use super::super::test_support::merge;
     use super::*;
     use serde_json::{Value, json};
@@ -314,7 +313,7 @@ mod tests {
             "status": {}
         });
         merge(&mut base, extra);
-        first_sight(serde_json::from_value(base).unwrap(), Instant::now())
+        PodView::at_first_sight(serde_json::from_value(base).unwrap(), Instant::now())
     }
 
     fn claim(

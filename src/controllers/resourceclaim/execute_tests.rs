@@ -12,7 +12,7 @@ use tower_test::mock;
 use super::cache::Caches;
 use super::context::{Context, Synced};
 use super::metrics::{ControllerMetrics, MetricsNaming};
-use super::{claim, observe, pod};
+use super::{claim, pod};
 use crate::model::consumers::DELETE_PROTECTION_FINALIZER;
 use crate::model::features::FeatureGates;
 use crate::model::views::{ClaimView, PodView, TemplateView};
@@ -377,7 +377,7 @@ async fn pod_work_creates_then_records_with_one_apply() {
     let caches = Arc::new(Caches::new());
     let mut pod = pod_json("Pending");
     pod["status"]["resourceClaimStatuses"] = json!([]);
-    let pod = observe::first_sight(
+    let pod = PodView::at_first_sight(
         serde_json::from_value(pod).unwrap(),
         std::time::Instant::now(),
     );

@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use crate::model::views::{PodHistory, PodView};
+use crate::model::views::PodView;
 
 /// What to do with the pod cache for one observed pod.
 #[derive(Debug)]
@@ -34,38 +34,12 @@ pub fn observe(cached: Option<&PodView>, mut seen: PodView, now: Instant) -> Obs
                     old.status.extended_resource_claim_status.clone();
             }
         }
-        None => seen = first_sight(seen, now),
+        None => seen = seen.at_first_sight(now),
     }
     Observation {
         keep: seen.is_relevant().then_some(seen),
         replaced,
     }
-}
-
-/// A pod seen for the first time (by this process, under this UID).
-pub fn first_sight(mut pod: PodView, now: Instant) -> PodView {
-    pod.history = PodHistory {
-        pre_scheduled: placed_without_scheduler(&pod),
-        first_seen: Some(now),
-    };
-    pod
-}
-
-/// Whether a pod seen for the first time was placed on its node without a
-/// scheduler, so that nothing but this controller will reserve (and, with
-/// `--allocate-on-nodes`, allocate) its claims.
-///
-/// The API server says so for the pod's whole life: whoever created the pod
-/// with `spec.nodeName` owns that field in `managedFields`, while a
-/// scheduler binds through `pods/binding`, which records no managed field.
-/// The `PodScheduled` condition cannot tell: the binding sets it, and so
-/// does the kubelet on every pod it runs, pre-scheduled or not (~35 ms
-/// after creation), so a controller that first sees the pod after the
-/// kubelet did would take it for scheduled. The condition is still the
-/// fallback for a pod whose managed fields were stripped: bound, and first
-/// seen before anyone reported it scheduled.
-pub fn placed_without_scheduler(pod: &PodView) -> bool {
-    pod.node_name().is_some() && (pod.node_name_written || !pod.status.scheduling.scheduled)
 }
 
 #[cfg(test)]

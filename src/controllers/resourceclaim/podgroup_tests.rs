@@ -9,7 +9,6 @@ use serde_json::{Value, json};
 
 use super::cache::Caches;
 use super::claim::{self, ClaimDecision};
-use super::observe::first_sight;
 use super::pod::{self, EntryAction};
 use super::podgroup;
 use super::test_support::merge;
@@ -47,7 +46,7 @@ fn pod_with(extra: Value) -> PodView {
                  "schedulingGroup": {"podGroupName": GROUP}},
     });
     merge(&mut v, extra);
-    first_sight(serde_json::from_value(v).unwrap(), Instant::now())
+    PodView::at_first_sight(serde_json::from_value(v).unwrap(), Instant::now())
 }
 
 fn group_claim(name: &str, extra: Value) -> ClaimView {
@@ -592,7 +591,7 @@ fn review_cases() {
         "ownerReferences": [{"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
                              "name": GROUP, "uid": POD_UID, "controller": true}]}}))
         .unwrap();
-    let plain: PodView = first_sight(
+    let plain: PodView = PodView::at_first_sight(
         serde_json::from_value(
             json!({"metadata": {"name": POD, "namespace": NS, "uid": POD_UID},
             "spec": {"resourceClaims": [{"name": ENTRY, "resourceClaimTemplateName": TEMPLATE}]}}),

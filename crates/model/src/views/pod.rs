@@ -50,8 +50,8 @@ impl From<PodViewWire> for PodView {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodHistory {
     /// Placed on its node without a scheduler (see
-    /// [`super::observe::first_sight`]): nothing else will allocate its
-    /// claims.
+    /// [`PodView::placed_without_scheduler`]): nothing else will allocate
+    /// its claims.
     pub pre_scheduled: bool,
     /// When this process first saw the pod (the grace period of the
     /// not-allocated warning counts from here).
@@ -236,6 +236,31 @@ pub struct ExtendedClaimRef {
 namespaced_resource!(PodView, "", "v1", "Pod", "pods");
 
 impl PodView {
+    /// The pod as first seen (by this process, under this UID): its history
+    /// starts now. Every room reads the same answer from the shared store.
+    pub fn at_first_sight(mut self, now: Instant) -> PodView {
+        self.history = PodHistory {
+            pre_scheduled: self.placed_without_scheduler(),
+            first_seen: Some(now),
+        };
+        self
+    }
+    /// Whether a pod seen for the first time was placed on its node without
+    /// a scheduler, so that nothing but this controller will reserve (and,
+    /// with `--allocate-on-nodes`, allocate) its claims.
+    ///
+    /// The API server says so for the pod's whole life: whoever created the
+    /// pod with `spec.nodeName` owns that field in `managedFields`, while a
+    /// scheduler binds through `pods/binding`, which records no managed
+    /// field. The `PodScheduled` condition cannot tell: the binding sets it,
+    /// and so does the kubelet on every pod it runs, pre-scheduled or not
+    /// (~35 ms after creation), so a controller that first sees the pod
+    /// after the kubelet did would take it for scheduled. The condition is
+    /// still the fallback for a pod whose managed fields were stripped:
+    /// bound, and first seen before anyone reported it scheduled.
+    pub fn placed_without_scheduler(&self) -> bool {
+        self.node_name().is_some() && (self.node_name_written || !self.status.scheduling.scheduled)
+    }
     /// The pod as the object a Warning event is about.
     pub fn involved(&self) -> dra_runtime::events::Involved<'_> {
         dra_runtime::events::Involved {
@@ -357,15 +382,5 @@ impl PodView {
             overhead: &self.spec.overhead,
             pod_level: &self.spec.pod_level_requests,
         }
-    }
-    /// Waits for devices as the headroom yield understands it: unbound,
-    /// found unschedulable by kube-scheduler, with claims, not a
-    /// placeholder, of a priority above `placeholder_priority`.
-    pub fn waits_for_devices(&self, placeholder_priority: i32) -> bool {
-        self.is_unbound()
-            && self.status.scheduling.unschedulable
-            && !self.spec.resource_claims.is_empty()
-            && !self.is_placeholder()
-            && self.spec.priority.unwrap_or(0) > placeholder_priority
     }
 }
