@@ -7,7 +7,9 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use dra_claim_controller::allocate::{self, AllocationInput, Outcome, node_inventory};
 use dra_claim_controller::runtime::leader::fake_api::FakeLeaseApi;

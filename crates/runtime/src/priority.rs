@@ -14,7 +14,10 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock (real time, unless a test pauses it).
+use tokio::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -250,7 +253,7 @@ mod tests {
 
     /// A cleanup waiter queued first, a start-up waiter after it: the
     /// start-up waiter goes first.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn start_up_overtakes_cleanup() {
         let turns = Turns::new(Duration::from_secs(60));
         let order = order_after(
@@ -264,7 +267,7 @@ mod tests {
     }
 
     /// A cleanup waiter that waited its maximum goes before start-up.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn cleanup_is_not_starved() {
         let turns = Turns::new(Duration::from_millis(20));
         let order = order_after(
@@ -279,7 +282,7 @@ mod tests {
 
     /// A waiter dropped before its turn does not keep the turn from the
     /// next one.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn abandoned_waiter_passes_the_turn_on() {
         let turns = Turns::new(CLEANUP_MAX_WAIT);
         let held = turns.take(Priority::StartUp).await;

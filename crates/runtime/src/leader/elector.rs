@@ -2,7 +2,9 @@
 //! the watch of the one Lease; and what it publishes (the handle's phase,
 //! the `leader_election_master_status` gauge, [`LeaseHealth`]).
 
-use std::time::Instant;
+// tokio's clock (real time, unless a test pauses it); the probes read
+// std's, hence `into_std` where the lease health is published.
+use tokio::time::Instant;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -94,7 +96,7 @@ impl StatusSink {
     fn leading(&self) {
         self.lease.send_modify(|h| {
             h.leading = true;
-            h.last_renewal = Some(Instant::now());
+            h.last_renewal = Some(Instant::now().into_std());
         });
         self.gauge.set(1);
         self.phase.send_replace(Phase::Leading);
@@ -304,7 +306,7 @@ impl Elector {
                     last_failed = false;
                     self.status
                         .lease
-                        .send_modify(|h| h.last_renewal = Some(last_renewal));
+                        .send_modify(|h| h.last_renewal = Some(last_renewal.into_std()));
                     tracing::trace!("renewed the lease");
                 }
                 Ok(Err(Some(reason))) => return reason,

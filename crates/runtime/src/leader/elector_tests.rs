@@ -1,9 +1,12 @@
 //! The election against an in-memory Lease endpoint ([`super::fake_api`]):
 //! acquire, renew, a conflicting writer, release, a renew deadline that
-//! passes. Timings are short (lease 1 s, renew deadline 600 ms, retry
-//! 150 ms); every wait is for an observed state, bounded.
+//! passes. On tokio's paused clock: the timings are the production ones
+//! and a test takes no real time; every wait is for an observed state,
+//! bounded.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use prometheus::Registry;
 
@@ -11,11 +14,11 @@ use super::fake_api::FakeLeaseApi;
 use super::{LeaderElection, LeaderElectionOptions, LeaderHandle, LeadershipLost};
 
 const ME: &str = "replica-a";
-const LEASE_DURATION: Duration = Duration::from_secs(1);
-const RENEW_DEADLINE: Duration = Duration::from_millis(600);
-const RETRY_PERIOD: Duration = Duration::from_millis(150);
+const LEASE_DURATION: Duration = Duration::from_secs(15);
+const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+const RETRY_PERIOD: Duration = Duration::from_secs(2);
 /// Longer than anything a test waits for when the election works.
-const BOUND: Duration = Duration::from_secs(10);
+const BOUND: Duration = Duration::from_secs(120);
 
 fn start(api: &FakeLeaseApi) -> LeaderHandle {
     let opts = LeaderElectionOptions {
@@ -47,7 +50,7 @@ async fn until(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_absent_lease_is_created_and_held() {
     let api = FakeLeaseApi::new();
     let handle = start(&api);
@@ -61,7 +64,7 @@ async fn an_absent_lease_is_created_and_held() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_leader_renews_every_retry_period() {
     let api = FakeLeaseApi::new();
     let handle = start(&api);
@@ -77,25 +80,25 @@ async fn the_leader_renews_every_retry_period() {
     assert!(handle.is_leader());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_lease_another_holds_is_not_taken_while_it_is_renewed() {
     let api = FakeLeaseApi::new();
-    api.take_over("replica-b", 1);
+    api.take_over("replica-b", 15);
     let handle = start(&api);
     // The other holder renews; several of our polls go by.
     for _ in 0..8 {
         tokio::time::sleep(RETRY_PERIOD).await;
-        api.take_over("replica-b", 1);
+        api.take_over("replica-b", 15);
     }
     assert!(!handle.is_leader(), "a renewed lease is not ours to take");
     assert_eq!(api.holder().as_deref(), Some("replica-b"));
     assert!(api.writes().is_empty(), "no write was even tried over it");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_lease_left_unrenewed_for_its_duration_is_taken_over() {
     let api = FakeLeaseApi::new();
-    api.take_over("replica-b", 1);
+    api.take_over("replica-b", 15);
     let started = Instant::now();
     let handle = start(&api);
     leading(&handle).await;
@@ -107,13 +110,13 @@ async fn a_lease_left_unrenewed_for_its_duration_is_taken_over() {
     assert_eq!(api.holder().as_deref(), Some(ME));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_lease_written_by_another_ends_leadership() {
     let api = FakeLeaseApi::new();
     let handle = start(&api);
     leading(&handle).await;
     let lost = handle.lost();
-    api.take_over("replica-b", 1);
+    api.take_over("replica-b", 15);
     // The next renewal meets a conflict, reads the lease and sees it gone.
     let reason = tokio::time::timeout(BOUND, lost)
         .await
@@ -127,7 +130,7 @@ async fn a_lease_written_by_another_ends_leadership() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn release_hands_the_lease_back() {
     let api = FakeLeaseApi::new();
     let handle = start(&api);
@@ -142,7 +145,7 @@ async fn release_hands_the_lease_back() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn renewals_that_fail_until_the_deadline_end_leadership() {
     let api = FakeLeaseApi::new();
     let handle = start(&api);

@@ -6,7 +6,7 @@
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;

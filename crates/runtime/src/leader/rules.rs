@@ -1,7 +1,10 @@
 //! The pure rules of the election: when we may take the Lease, the record
 //! we write to take, renew or release it, and the jittered retry period.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock (real time, unless a test pauses it).
+use tokio::time::Instant;
 
 use k8s_openapi::api::coordination::v1::LeaseSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
