@@ -77,6 +77,60 @@ pub struct ClaimActions {
     pub release_finalizer: bool,
 }
 
+/// One write of claim work, in the order [`ClaimActions::writes`] gives.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimWrite {
+    /// Set `reservedFor` to these consumers (clearing the allocation too
+    /// when the flag says so).
+    Reservations(Vec<ResourceClaimConsumerReference>, bool),
+    /// Clear the allocation.
+    Deallocate,
+    /// Remove the delete-protection finalizer.
+    ReleaseFinalizer,
+    /// Delete the claim (UID and resourceVersion preconditions).
+    Delete,
+}
+
+impl ClaimActions {
+    /// The writes in the order they are sent, for a claim that is now
+    /// `allocated` and `deleting` or not. An allocated claim is never left
+    /// unprotected while it is not being deleted: unallocated once the first
+    /// write is done, the finalizer goes first and the delete then removes
+    /// the object at once (the reference's order); still allocated (nobody
+    /// waits for its devices), the delete goes first and the finalizer's
+    /// removal then takes the object and its allocation. A claim that stays
+    /// allocated and is not deleted keeps its finalizer.
+    pub fn writes(&self, allocated: bool, deleting: bool) -> Vec<ClaimWrite> {
+        let mut writes = Vec::new();
+        let deallocates = match &self.set_reserved_for {
+            Some((remaining, deallocate)) => {
+                writes.push(ClaimWrite::Reservations(remaining.clone(), *deallocate));
+                *deallocate
+            }
+            None if self.deallocate => {
+                writes.push(ClaimWrite::Deallocate);
+                true
+            }
+            None => false,
+        };
+        let allocated = allocated && !deallocates;
+        if self.release_finalizer && !allocated {
+            writes.push(ClaimWrite::ReleaseFinalizer);
+            if self.delete {
+                writes.push(ClaimWrite::Delete);
+            }
+        } else {
+            if self.delete {
+                writes.push(ClaimWrite::Delete);
+            }
+            if self.release_finalizer && (self.delete || deleting) {
+                writes.push(ClaimWrite::ReleaseFinalizer);
+            }
+        }
+        writes
+    }
+}
+
 /// The outcome of deciding claim work.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClaimDecision {
@@ -251,52 +305,45 @@ async fn execute_as(ctx: &Context, claim: &ClaimView, pods_wait: bool) -> Result
     }
     let api: Api<ClaimView> = Api::namespaced(ctx.client.clone(), &ns);
     let mut current = claim.clone();
-    if let Some((remaining, deallocate)) = &actions.set_reserved_for {
-        let p = patch::remove_reservations(claim, remaining, *deallocate);
-        current = api
-            .patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(p))
-            .await
-            .map_err(kube_err(format_args!(
-                "removing stale status.reservedFor entries of ResourceClaim {key}"
-            )))?;
-        info!(
-            remaining = remaining.len(),
-            deallocated = *deallocate,
-            "removed stale reservations"
-        );
-    } else if actions.deallocate {
-        current = api
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Json::<()>(patch::deallocate(claim)),
-            )
-            .await
-            .map_err(kube_err(format_args!(
-                "clearing status.allocation of ResourceClaim {key}"
-            )))?;
-        info!("deallocated unused claim for a waiting pod");
-    }
-    // An allocated claim is never left unprotected while it is not being
-    // deleted: unallocated, the finalizer goes first and the delete then
-    // removes the object at once (the reference's order); still allocated
-    // (nobody waits for its devices), the delete goes first and the
-    // finalizer removal then takes the object and its allocation.
-    let mut released = false;
-    if actions.release_finalizer && !current.is_allocated() {
-        if let Some(updated) = remove_protection(&api, &current, &key).await? {
-            current = updated;
+    for write in actions.writes(claim.is_allocated(), claim.is_deleting()) {
+        match write {
+            ClaimWrite::Reservations(remaining, deallocate) => {
+                let p = patch::remove_reservations(claim, &remaining, deallocate);
+                current = api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(p))
+                    .await
+                    .map_err(kube_err(format_args!(
+                        "removing stale status.reservedFor entries of ResourceClaim {key}"
+                    )))?;
+                info!(
+                    remaining = remaining.len(),
+                    deallocated = deallocate,
+                    "removed stale reservations"
+                );
+            }
+            ClaimWrite::Deallocate => {
+                current = api
+                    .patch_status(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Json::<()>(patch::deallocate(claim)),
+                    )
+                    .await
+                    .map_err(kube_err(format_args!(
+                        "clearing status.allocation of ResourceClaim {key}"
+                    )))?;
+                info!("deallocated unused claim for a waiting pod");
+            }
+            ClaimWrite::ReleaseFinalizer => {
+                if let Some(updated) = remove_protection(&api, &current, &key).await? {
+                    current = updated;
+                }
+            }
+            ClaimWrite::Delete => match delete_judged(&api, &current, &key).await? {
+                Some(terminating) => current = terminating,
+                None => return Ok(()),
+            },
         }
-        released = true;
-    }
-    if actions.delete {
-        match delete_judged(&api, &current, &key).await? {
-            Some(terminating) => current = terminating,
-            None => return Ok(()),
-        }
-    }
-    if actions.release_finalizer && !released && current.is_deleting() {
-        remove_protection(&api, &current, &key).await?;
     }
     Ok(())
 }

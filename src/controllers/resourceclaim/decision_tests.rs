@@ -1025,3 +1025,92 @@ fn pods_wait_to_start_follows_the_pod_cache() {
     c.pods.delete(&key);
     assert!(!c.pods_wait_to_start(), "gone");
 }
+
+/// The order of claim writes is part of the decision: what the executor
+/// sends, one write after the other, for each shape of claim work.
+#[test]
+fn claim_writes_come_in_a_safe_order() {
+    use super::claim::ClaimWrite::{Deallocate, Delete, ReleaseFinalizer, Reservations};
+    let consumer: k8s_openapi::api::resource::v1::ResourceClaimConsumerReference =
+        serde_json::from_value(json!({"resource": "pods", "name": "p", "uid": "u"})).unwrap();
+    // (case, actions, allocated now, deleting now, writes in order)
+    let rows = [
+        (
+            "done pod's claim, nobody waits: deleted while allocated, then released",
+            ClaimActions {
+                delete: true,
+                release_finalizer: true,
+                ..Default::default()
+            },
+            true,
+            false,
+            vec![Delete, ReleaseFinalizer],
+        ),
+        (
+            "done pod's claim while a pod waits: deallocated first, then released and deleted",
+            ClaimActions {
+                set_reserved_for: Some((vec![], true)),
+                delete: true,
+                release_finalizer: true,
+                ..Default::default()
+            },
+            true,
+            false,
+            vec![Reservations(vec![], true), ReleaseFinalizer, Delete],
+        ),
+        (
+            "unused unallocated claim: released, then deleted at once",
+            ClaimActions {
+                delete: true,
+                release_finalizer: true,
+                ..Default::default()
+            },
+            false,
+            false,
+            vec![ReleaseFinalizer, Delete],
+        ),
+        (
+            "a stale reservation dropped, others kept: nothing else",
+            ClaimActions {
+                set_reserved_for: Some((vec![consumer.clone()], false)),
+                ..Default::default()
+            },
+            true,
+            false,
+            vec![Reservations(vec![consumer.clone()], false)],
+        ),
+        (
+            "allocated, unused, not deleted: the finalizer stays",
+            ClaimActions {
+                release_finalizer: true,
+                ..Default::default()
+            },
+            true,
+            false,
+            vec![],
+        ),
+        (
+            "allocated and being deleted by someone else: released",
+            ClaimActions {
+                release_finalizer: true,
+                ..Default::default()
+            },
+            true,
+            true,
+            vec![ReleaseFinalizer],
+        ),
+        (
+            "deallocated for a waiting pod, kept",
+            ClaimActions {
+                deallocate: true,
+                ..Default::default()
+            },
+            true,
+            false,
+            vec![Deallocate],
+        ),
+    ];
+    for (case, actions, allocated, deleting, want) in rows {
+        assert_eq!(actions.writes(allocated, deleting), want, "{case}");
+    }
+}
