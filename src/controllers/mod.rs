@@ -2,5 +2,6 @@
 //! streams it needs; none imports another.
 
 pub mod allocator;
+pub mod devicetaint;
 pub mod headroom;
 pub mod resourceclaim;

@@ -12,6 +12,7 @@ pub mod allocate;
 pub mod classify;
 pub mod consumers;
 pub mod device;
+pub mod device_taints;
 pub mod features;
 pub mod indexes;
 pub mod naming;

@@ -382,20 +382,9 @@ pub fn tolerated(taints: &[DeviceTaint], tolerations: &[DeviceToleration]) -> bo
 }
 
 fn tolerates(toleration: &DeviceToleration, taint: &DeviceTaint) -> bool {
-    let nonempty = |s: &Option<String>| s.as_deref().filter(|s| !s.is_empty()).map(str::to_string);
-    if nonempty(&toleration.effect).is_some_and(|e| e != taint.effect) {
-        return false;
-    }
-    if nonempty(&toleration.key).is_some_and(|k| k != taint.key) {
-        return false;
-    }
-    match toleration.operator.as_deref().unwrap_or("") {
-        "Exists" => true,
-        "" | "Equal" => {
-            toleration.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
-        }
-        _ => false,
-    }
+    let effect = toleration.effect.as_deref().filter(|e| !e.is_empty());
+    effect.is_none_or(|e| e == taint.effect)
+        && crate::device_taints::matches_key_and_value(toleration, taint)
 }
 
 fn constraints(claim: &ResourceClaim, claim_key: &str) -> Result<Vec<MatchConstraint>, String> {

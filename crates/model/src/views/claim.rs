@@ -74,6 +74,10 @@ pub struct AllocatedDevice {
     /// (consumable capacity): such shares are not double allocations.
     #[serde(rename = "shareID")]
     pub share_id: Option<String>,
+    /// The request's tolerations of device taints, as allocated (what the
+    /// eviction of `NoExecute` taints reads).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub tolerations: Vec<k8s_openapi::api::resource::v1::DeviceToleration>,
 }
 
 /// `status.reservedFor`, typed for decisions and kept as read for the

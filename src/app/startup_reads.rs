@@ -1,0 +1,154 @@
+//! What the process reads from the API server before any work (the
+//! release it acts as, where PodGroups are served, the declared nodes),
+//! each read retried until answered.
+
+use super::*;
+
+/// What start-up must read from the API server before any work.
+pub(super) struct StartupReads {
+    pub(super) release: Release,
+    pub(super) pod_group_api: Option<crate::model::views::PodGroupApi>,
+    pub(super) allocate_on_nodes: Option<(String, LabelSelector)>,
+}
+
+/// The start-up reads, each retried until answered; an error is a setting
+/// to change (the message says which).
+pub(super) async fn startup_reads(
+    client: &kube::Client,
+    args: &Args,
+    gates: crate::model::features::FeatureGates,
+    health: &Health,
+) -> anyhow::Result<StartupReads> {
+    let (release, source) = reference_release(client, args.reference_release, health).await?;
+    info!(release = %release, source, "acting as kube-controller-manager {release}'s resourceclaim-controller");
+    // PodGroups are read with DRAWorkloadResourceClaims, and in 1.37 also
+    // with GenericWorkload (a pod's group is looked up whatever the other
+    // gate says).
+    let pod_groups_why = if gates.workload_resource_claims {
+        Some("--feature-gates DRAWorkloadResourceClaims=true")
+    } else if release.is_1_37() && gates.generic_workload {
+        Some("--feature-gates GenericWorkload=true (Kubernetes 1.37)")
+    } else {
+        None
+    };
+    let pod_group_api = match pod_groups_why {
+        Some(why) => Some(
+            crate::controllers::resourceclaim::discover_pod_group_api(client, health, why).await?,
+        ),
+        None => None,
+    };
+    let allocate_on_nodes = declared_nodes(client, &args.allocate_on_nodes, health).await?;
+    Ok(StartupReads {
+        release,
+        pod_group_api,
+        allocate_on_nodes,
+    })
+}
+
+/// The release whose rules apply and where that came from: pinned by the
+/// flag, or the API server's version.
+pub(super) async fn reference_release(
+    client: &kube::Client,
+    flag: ReferenceRelease,
+    health: &Health,
+) -> anyhow::Result<(Release, &'static str)> {
+    match flag {
+        ReferenceRelease::Pinned(release) => Ok((release, "--reference-release")),
+        ReferenceRelease::Auto => {
+            let read = StartupRead {
+                what: "the API server's version (GET /version) for --reference-release=auto",
+                permission: "get on the non-resource URL /version",
+            };
+            let info = read_until_answered(read, health, PER_TRY_DEADLINE, || {
+                client.apiserver_version()
+            })
+            .await;
+            let minor = minor_version(&info.minor).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--reference-release=auto: the API server reports minor version {:?}, which \
+                     is not a number; pin the release with --reference-release=1.36 or 1.37",
+                    info.minor
+                )
+            })?;
+            Ok((Release::for_minor(minor), "the API server's version"))
+        }
+    }
+}
+
+/// The number of a `/version` minor field ("36", or "37+" from some
+/// distributions).
+pub fn minor_version(minor: &str) -> Option<u32> {
+    let digits: String = minor.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// `dra_claim_controller_reference_release{release}`: 1 for the release
+/// whose rules apply.
+pub(super) fn register_release_gauge(
+    registry: &prometheus::Registry,
+    release: Release,
+) -> anyhow::Result<()> {
+    let gauge = prometheus::IntGaugeVec::new(
+        prometheus::Opts::new(
+            "dra_claim_controller_reference_release",
+            "The kube-controller-manager release whose resourceclaim-controller rules apply (--reference-release, or the API server's version): 1 for that release.",
+        ),
+        &["release"],
+    )?;
+    gauge.with_label_values(&[&release.to_string()]).set(1);
+    registry.register(Box::new(gauge))?;
+    Ok(())
+}
+
+/// The `--allocate-on-nodes` selector, checked with the API server (which
+/// is the judge of label selector syntax); `None` when empty.
+pub(super) async fn declared_nodes(
+    client: &kube::Client,
+    selector: &str,
+    health: &Health,
+) -> anyhow::Result<Option<(String, LabelSelector)>> {
+    let selector = selector.trim();
+    if selector.is_empty() {
+        return Ok(None);
+    }
+    // Matched here, against the process's one node watch.
+    let parsed = LabelSelector::parse(selector).map_err(|why| {
+        anyhow::anyhow!(
+            "--allocate-on-nodes={selector:?} is not a valid label selector ({why}): use the syntax \
+             of kubectl get nodes -l, e.g. dra.example.com/pre-scheduled=true"
+        )
+    })?;
+    let nodes: kube::Api<crate::model::views::NodeView> = kube::Api::all(client.clone());
+    let params = kube::api::ListParams::default().labels(selector).limit(1);
+    let read = StartupRead {
+        what: "the nodes --allocate-on-nodes selects (GET /api/v1/nodes)",
+        permission: "list on nodes",
+    };
+    // A 400 is the API server judging the selector: an answer, not a failure.
+    let listed = read_until_answered(read, health, PER_TRY_DEADLINE, || async {
+        match nodes.list_metadata(&params).await {
+            Ok(list) => Ok(Ok(list)),
+            Err(kube::Error::Api(status)) if status.code == 400 => Ok(Err(status.message)),
+            Err(e) => Err(e),
+        }
+    })
+    .await;
+    match listed {
+        Ok(list) => {
+            tracing::info!(
+                selector,
+                some_node = list
+                    .items
+                    .first()
+                    .and_then(|n| n.metadata.name.as_deref())
+                    .unwrap_or("none yet"),
+                "allocating devices for pre-scheduled pods on the nodes this selector matches"
+            );
+            Ok(Some((selector.to_string(), parsed)))
+        }
+        Err(message) => anyhow::bail!(
+            "--allocate-on-nodes={selector:?} is not a valid label selector ({message}): use the syntax of \
+             kubectl get nodes -l, e.g. dra.example.com/pre-scheduled=true"
+        ),
+    }
+}
