@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::resource::v1::DeviceToleration;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use crate::model::consumers::is_pod_group_consumer;
 use crate::model::device_taints::{DeviceTaints, TaintSource, tolerates_no_execute};
 use crate::model::views::{ClaimView, PodView};
 use crate::naming::{is_controlled_by, is_controlled_by_pod_group};
@@ -39,51 +40,64 @@ impl Eviction {
     }
 }
 
-/// When the claim's devices make its users go, if ever.
+/// When the claim's devices make its users go, if ever. Every counted
+/// taint is a reason; only those with a time set one (the API server always
+/// sets `timeAdded`; a claim whose taints all lack it is not evicted).
 pub fn claim_eviction(claim: &ClaimView, taints: &DeviceTaints) -> Option<Eviction> {
     let results = &claim.status.allocation.as_ref()?.devices.results;
-    let mut eviction = None;
+    let mut at: Option<Timestamp> = None;
+    let mut reasons = BTreeSet::new();
     for result in results {
         for (source, taint) in taints.of(&result.driver, &result.pool, &result.device) {
             if taint.effect != "NoExecute" {
                 continue;
             }
-            let Some(at) = taint_time(taint, &result.tolerations) else {
+            let Counted(when) = counted(taint, &result.tolerations) else {
                 continue;
             };
-            Eviction::merge(
-                &mut eviction,
-                Eviction {
-                    at,
-                    reasons: BTreeSet::from([source]),
-                },
-            );
+            reasons.insert(source);
+            if let Some(when) = when {
+                at = Some(at.map_or(when, |a| a.min(when)));
+            }
         }
     }
-    eviction
+    at.map(|at| Eviction { at, reasons })
 }
 
-/// When one taint evicts under these tolerations: `None` when tolerated
-/// forever, or when the taint has no time (the API server always sets it).
-fn taint_time(
+/// How one taint counts under these tolerations: not at all when
+/// tolerated forever (`NotCounted`); else when it evicts, if its time is
+/// known. A grace past the end of time saturates there.
+enum Counting {
+    Counted(Option<Timestamp>),
+    NotCounted,
+}
+use Counting::{Counted, NotCounted};
+
+fn counted(
     taint: &k8s_openapi::api::resource::v1::DeviceTaint,
     tolerations: &[DeviceToleration],
-) -> Option<Timestamp> {
+) -> Counting {
     let matching: Vec<&DeviceToleration> = tolerations
         .iter()
         .filter(|t| tolerates_no_execute(t, taint))
         .collect();
     if matching.iter().any(|t| t.toleration_seconds.is_none()) {
-        return None;
+        return NotCounted;
     }
-    let added = taint.time_added.as_ref()?.0;
+    let Some(added) = taint.time_added.as_ref().map(|t| t.0) else {
+        return Counted(None);
+    };
     let grace = matching
         .iter()
         .filter_map(|t| t.toleration_seconds)
         .map(|s| s.max(0))
         .min()
         .unwrap_or(0);
-    added.checked_add(SignedDuration::from_secs(grace)).ok()
+    Counted(Some(
+        added
+            .checked_add(SignedDuration::from_secs(grace))
+            .unwrap_or(Timestamp::MAX),
+    ))
 }
 
 /// When the pod must go, if ever. `claim` finds a cached claim by
@@ -102,7 +116,7 @@ pub fn pod_eviction<'a>(
                 c.status
                     .reserved_for
                     .iter()
-                    .any(|r| r.resource == "podgroups" && r.name == g)
+                    .any(|r| is_pod_group_consumer(r) && r.name == g)
             })
     };
     let mut eviction = None;

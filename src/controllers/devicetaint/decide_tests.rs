@@ -317,6 +317,14 @@ fn rows() -> Vec<Row> {
             want: None,
             ..row("no-evict-pod-in-podgroup-without-claim")
         },
+        Row {
+            pod: pod(json!({"spec": {"schedulingGroup": {"podGroupName": "group"}}})),
+            claim: claim(json!({"status": {"reservedFor": [
+                {"apiGroup": "example.com", "resource": "podgroups", "name": "group", "uid": "group-uid"}]}})),
+            pod_group_claims: true,
+            want: None,
+            ..row("no-evict-podgroups-of-another-api-group")
+        },
         // Beyond kube-controller-manager 1.36 and 1.37 (its issue 141290):
         // a pod holding the device through its extended resources goes too.
         Row {
@@ -356,6 +364,30 @@ fn evictions_follow_kube_controller_managers_cases() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A taint without a time still counts as a reason beside a timed one.
+#[test]
+fn an_untimed_taint_is_a_reason_beside_a_timed_one() {
+    let mut untimed =
+        serde_json::from_value::<DeviceTaint>(taint("example.com/r", "NoExecute")).unwrap();
+    untimed.time_added = None;
+    let rule = TaintRule {
+        taint: untimed,
+        ..rule("rule", "NoExecute")
+    };
+    let slices = [tainted_slice(json!([taint(
+        "example.com/taint",
+        "NoExecute"
+    )]))];
+    let taints = DeviceTaints::new(&slices, vec![rule]);
+    let claim = claim(json!({}));
+    let got = pod_eviction(&pod(json!({})), |_, _| Some(&claim), &taints, false).unwrap();
+    assert_eq!(got.at, t0());
+    assert_eq!(
+        got.reasons,
+        BTreeSet::from([from_rule("rule"), from_slice(0)])
+    );
 }
 
 /// A taint without a time (the API server always sets one) evicts nobody.

@@ -335,6 +335,13 @@ async fn execute_as(ctx: &Context, claim: &ClaimView, pods_wait: bool) -> Result
                 info!("deallocated unused claim for a waiting pod");
             }
             ClaimWrite::ReleaseFinalizer => {
+                // The plan was made from the cache; the server's answer has
+                // the last word: an allocated claim that is not being
+                // deleted keeps its protection (decided again later).
+                if current.is_allocated() && !current.is_deleting() {
+                    debug!("the claim is still allocated; keeping its finalizer");
+                    continue;
+                }
                 if let Some(updated) = remove_protection(&api, &current, &key).await? {
                     current = updated;
                 }
