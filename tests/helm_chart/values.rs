@@ -71,8 +71,11 @@ fn readme_documents_every_value() {
     }
 }
 
+/// The shipped dashboard is JSON with the tokens the chart substitutes
+/// (`__KUBE_API_QPS__`: the QPS line drawn from values); what a user sees
+/// rendered, the token replaced, is `grafana_dashboard_follows_values`.
 #[test]
-fn dashboard_file_is_json_with_placeholders() {
+fn dashboard_file_is_json_with_value_tokens() {
     let text = std::fs::read_to_string(
         helm::chart_dir()
             .join("dashboards")
