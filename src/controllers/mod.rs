@@ -5,3 +5,5 @@ pub mod allocator;
 pub mod devicetaint;
 pub mod headroom;
 pub mod resourceclaim;
+#[cfg(test)]
+mod test_support;

@@ -10,24 +10,13 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
 use super::decide::{Eviction, pod_eviction};
+use crate::controllers::test_support::merge;
 use crate::model::device_taints::{DeviceTaints, TaintRule, TaintSource};
 use crate::model::views::{ClaimView, PodView};
 
 const NS: &str = "default";
 const POD_UID: &str = "pod-uid";
 const CLAIM: &str = "my-claim";
-
-/// Merges `extra` into `base`, objects key by key (JSON merge patch).
-fn merge(base: &mut Value, extra: Value) {
-    match (base, extra) {
-        (Value::Object(b), Value::Object(e)) => {
-            for (k, v) in e {
-                merge(b.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (b, e) => *b = e,
-    }
-}
 
 fn t0() -> Timestamp {
     "2026-11-27T10:00:00Z".parse().unwrap()

@@ -11,7 +11,7 @@ use super::cache::Caches;
 use super::claim::{self, ClaimActions, ClaimDecision, LivePod};
 use super::enqueue::pod_needs_work;
 use super::pod::{self, EntryAction};
-use super::test_support::merge;
+use crate::controllers::test_support::merge;
 use crate::model::consumers::DELETE_PROTECTION_FINALIZER;
 use crate::model::consumers::pod_consumer;
 use crate::model::features::{FeatureGates, Release};

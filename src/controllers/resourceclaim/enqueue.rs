@@ -300,8 +300,8 @@ pub fn keys_for_pod_event(
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::merge;
     use super::*;
+    use crate::controllers::test_support::merge;
     use serde_json::{Value, json};
     use std::sync::Arc;
     use std::time::Instant;

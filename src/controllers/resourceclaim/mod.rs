@@ -35,8 +35,6 @@ mod decision_tests;
 mod execute_tests;
 #[cfg(test)]
 mod podgroup_tests;
-#[cfg(test)]
-mod test_support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

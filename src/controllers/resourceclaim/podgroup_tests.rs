@@ -11,7 +11,7 @@ use super::cache::Caches;
 use super::claim::{self, ClaimDecision};
 use super::pod::{self, EntryAction};
 use super::podgroup;
-use super::test_support::merge;
+use crate::controllers::test_support::merge;
 use crate::model::features::{FeatureGates, Release};
 use crate::model::views::{ClaimView, PodGroupApi, PodGroupView, PodView, TemplateView};
 use crate::naming::POD_CLAIM_NAME_ANNOTATION;

@@ -1,4 +1,4 @@
-//! Helpers shared by this module's unit tests.
+//! Helpers shared by the controllers' unit tests.
 
 use serde_json::Value;
 
