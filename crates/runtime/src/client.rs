@@ -11,7 +11,7 @@ mod connection;
 mod metrics;
 
 pub use connection::ConnectionOverrides;
-pub use metrics::ClientMetrics;
+pub(crate) use metrics::ClientMetrics;
 
 use std::fmt;
 use std::future::Future;
@@ -40,13 +40,13 @@ pub const DEFAULT_BURST: u32 = 30;
 
 /// Latency buckets client-go uses for `rest_client_request_duration_seconds`
 /// and `rest_client_rate_limiter_duration_seconds`.
-pub const LATENCY_BUCKETS: &[f64] = &[
+pub(crate) const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
 ];
 
 /// `code` label value for requests that failed without an HTTP response
 /// (connection refused, TLS failure, timeout), as in client-go.
-pub const ERROR_CODE_LABEL: &str = "<error>";
+pub(crate) const ERROR_CODE_LABEL: &str = "<error>";
 
 /// Depth of the queue in front of kube's (non-cloneable) HTTP stack; it lets
 /// the limiter wait per request instead of blocking the whole client.
@@ -166,7 +166,7 @@ impl Drain {
         self.0.send_replace(true);
     }
 
-    pub fn is_draining(&self) -> bool {
+    pub(crate) fn is_draining(&self) -> bool {
         *self.0.borrow()
     }
 
@@ -178,7 +178,7 @@ impl Drain {
 
 /// The error of a request refused by a [`Drain`].
 #[derive(Debug)]
-pub struct NotSent;
+pub(crate) struct NotSent;
 
 impl fmt::Display for NotSent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -190,7 +190,7 @@ impl std::error::Error for NotSent {}
 
 /// `dra-claim-controller/v<version> (<os>/<arch>)`, spelled as client-go's
 /// components spell theirs (Go's names for the architecture).
-pub fn user_agent() -> String {
+pub(crate) fn user_agent() -> String {
     let arch = match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
@@ -264,7 +264,7 @@ pub fn quota(qps: f32, burst: u32) -> anyhow::Result<Option<Quota>> {
 /// Tower layer: waits for a token from the shared bucket, then sends the
 /// request and records the `rest_client_*` metrics.
 #[derive(Clone)]
-pub struct ClientLayer {
+pub(crate) struct ClientLayer {
     limiter: Option<Arc<DefaultDirectRateLimiter>>,
     /// One waiter at a time at the bucket, the others queued by class
     /// (start-up before cleanup), each class in arrival order. governor's
@@ -289,7 +289,7 @@ impl fmt::Debug for ClientLayer {
 impl ClientLayer {
     /// `host` labels requests whose URI carries no authority (kube adds the
     /// cluster URL further down the stack).
-    pub fn new(
+    pub(crate) fn new(
         qps: f32,
         burst: u32,
         metrics: ClientMetrics,
@@ -306,13 +306,13 @@ impl ClientLayer {
     }
 
     /// Requests are refused once `drain` has started (see [`Drain`]).
-    pub fn with_drain(mut self, drain: Drain) -> Self {
+    pub(crate) fn with_drain(mut self, drain: Drain) -> Self {
         self.drain = drain;
         self
     }
 
     /// Whether requests wait for tokens at all.
-    pub fn is_rate_limited(&self) -> bool {
+    pub(crate) fn is_rate_limited(&self) -> bool {
         self.limiter.is_some()
     }
 
@@ -336,19 +336,19 @@ impl<S> Layer<S> for ClientLayer {
 
 /// Service produced by [`ClientLayer`].
 #[derive(Clone, Debug)]
-pub struct ClientService<S> {
+pub(crate) struct ClientService<S> {
     inner: S,
     layer: ClientLayer,
 }
 
 /// Requests of the leader election (coordination.k8s.io Leases).
-pub fn is_lease_request(uri: &http::Uri) -> bool {
+pub(crate) fn is_lease_request(uri: &http::Uri) -> bool {
     uri.path().starts_with("/apis/coordination.k8s.io/")
 }
 
 /// Event writes: they have a budget of their own (`runtime::events`), so
 /// that a burst of warnings never delays a claim write.
-pub fn is_event_request(uri: &http::Uri) -> bool {
+pub(crate) fn is_event_request(uri: &http::Uri) -> bool {
     let path = uri.path();
     path.starts_with("/apis/events.k8s.io/")
         || (path.starts_with("/api/v1/namespaces/") && path.split('/').nth(5) == Some("events"))

@@ -54,7 +54,7 @@ impl std::fmt::Debug for Gate {
 }
 
 /// The token of an `Authorization: Bearer <token>` header value.
-pub fn bearer_token(header: Option<&str>) -> Option<&str> {
+pub(crate) fn bearer_token(header: Option<&str>) -> Option<&str> {
     let value = header?.trim();
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim();

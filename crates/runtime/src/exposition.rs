@@ -57,7 +57,7 @@ fn respell_line(line: &str) -> String {
 /// `strconv.FormatFloat(v, 'g', -1, 64)` as client_golang uses it: the
 /// shortest digits that read back as `v`, in exponent form (at least two
 /// exponent digits) below 1e-4 and from 1e21 on.
-pub fn go_float(v: f64) -> String {
+pub(crate) fn go_float(v: f64) -> String {
     if v.is_nan() {
         return "NaN".into();
     }

@@ -93,7 +93,7 @@ impl Informer {
 
     /// As [`Informer::run`], with `config` (a [`watch_config`] narrowed by
     /// a selector, say).
-    pub async fn run_with<K>(&self, api: Api<K>, config: watcher::Config, handler: &impl Handler<K>)
+    pub(crate) async fn run_with<K>(&self, api: Api<K>, config: watcher::Config, handler: &impl Handler<K>)
     where
         K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     {
@@ -516,7 +516,7 @@ const SILENT_STREAM_BOUND: Duration = Duration::from_secs(SILENT_STREAM_BOUND_SE
 /// per watch every 8–10 s, served from the API server's watch cache
 /// (kube-runtime's default, 290 s, trusted a silent stream for five
 /// minutes; our earlier 40–50 s for 55 s).
-pub fn watch_config() -> watcher::Config {
+pub(crate) fn watch_config() -> watcher::Config {
     use rand::Rng;
     let timeout = WATCH_TIMEOUT_MIN_SECS + rand::rng().random_range(0..=WATCH_TIMEOUT_JITTER_SECS);
     watcher::Config::default()

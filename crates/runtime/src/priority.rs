@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use tokio::sync::oneshot;
 
 /// A cleanup request waits at most this long behind start-up work.
-pub const CLEANUP_MAX_WAIT: Duration = Duration::from_secs(1);
+pub(crate) const CLEANUP_MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// The class of a request at the client's token bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +57,7 @@ pub fn current() -> Priority {
 
 /// Which queue's head takes the next turn, from how long each head has
 /// waited (`None`: the queue is empty).
-pub fn next_turn(
+pub(crate) fn next_turn(
     startup_waited: Option<Duration>,
     cleanup_waited: Option<Duration>,
     cleanup_max_wait: Duration,

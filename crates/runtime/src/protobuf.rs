@@ -76,7 +76,7 @@ impl<'a> Value<'a> {
             .map_err(|_| WireError::new("a string is not UTF-8"))
     }
 
-    pub fn varint(self) -> Result<u64, WireError> {
+    pub(crate) fn varint(self) -> Result<u64, WireError> {
         match self {
             Value::Varint(v) => Ok(v),
             other => Err(WireError(format!("expected a varint, found {other:?}"))),
@@ -330,7 +330,7 @@ impl Frames {
 }
 
 /// A watch's events, whichever encoding they came in.
-pub type EventStream<K> = futures::stream::BoxStream<'static, Result<WatchEvent<K>, kube::Error>>;
+pub(crate) type EventStream<K> = futures::stream::BoxStream<'static, Result<WatchEvent<K>, kube::Error>>;
 
 /// Whether an answer's content type is protobuf.
 pub fn is_protobuf(response: &http::Response<kube::client::Body>) -> bool {
@@ -343,7 +343,7 @@ pub fn is_protobuf(response: &http::Response<kube::client::Body>) -> bool {
 
 /// An error answer (any status but 2xx) as the API error it carries, in
 /// either encoding.
-pub async fn error_answer(response: http::Response<kube::client::Body>) -> kube::Error {
+pub(crate) async fn error_answer(response: http::Response<kube::client::Body>) -> kube::Error {
     let code = response.status().as_u16();
     let protobuf = is_protobuf(&response);
     let body = match response.into_body().collect_bytes().await {

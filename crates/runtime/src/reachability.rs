@@ -40,12 +40,12 @@ impl Reachability {
         }
     }
 
-    pub fn is_reachable(&self) -> bool {
+    pub(crate) fn is_reachable(&self) -> bool {
         *self.up.borrow()
     }
 
     /// A request got no answer. Returns whether this starts an outage.
-    pub fn report_unreachable(&self, error: &dyn std::fmt::Display) -> bool {
+    pub(crate) fn report_unreachable(&self, error: &dyn std::fmt::Display) -> bool {
         let mut since = self.down_since.lock().unwrap();
         if since.is_some() {
             return false;
@@ -57,7 +57,7 @@ impl Reachability {
     }
 
     /// An answer came back: the outage, if any, is over.
-    pub fn report_answer(&self) {
+    pub(crate) fn report_answer(&self) {
         let Some(since) = self.down_since.lock().unwrap().take() else {
             return;
         };

@@ -105,7 +105,7 @@ pub const WHOLE_ANSWER: Duration = Duration::from_secs(60);
 
 /// What a request is, as far as its deadline goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RequestKind {
+pub(crate) enum RequestKind {
     /// `?watch=true` (or the legacy `/watch/` paths): a stream.
     Watch,
     /// GET, HEAD, OPTIONS.
@@ -116,7 +116,7 @@ pub enum RequestKind {
 
 impl RequestKind {
     /// Classifies a request from its method and URI.
-    pub fn of(method: &Method, uri: &http::Uri) -> Self {
+    pub(crate) fn of(method: &Method, uri: &http::Uri) -> Self {
         let watch_param = uri.query().is_some_and(|q| {
             q.split('&')
                 .any(|kv| matches!(kv, "watch=true" | "watch=1" | "watch=True"))
@@ -143,7 +143,7 @@ impl RequestKind {
 /// How long one request may take: until its response headers, and (for all
 /// but watches) until the last byte of its body, both counted from the send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Deadline {
+pub(crate) struct Deadline {
     pub headers: Duration,
     /// `None`: the body is a stream whose silence the informer bounds.
     pub whole: Option<Duration>,
@@ -152,7 +152,7 @@ pub struct Deadline {
 /// The deadline of each [`RequestKind`]. The default is the constants above;
 /// tests shorten them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Deadlines {
+pub(crate) struct Deadlines {
     pub write_headers: Duration,
     pub read_headers: Duration,
     pub watch_first_byte: Duration,
@@ -171,7 +171,7 @@ impl Default for Deadlines {
 }
 
 impl Deadlines {
-    pub fn for_kind(&self, kind: RequestKind) -> Deadline {
+    pub(crate) fn for_kind(&self, kind: RequestKind) -> Deadline {
         match kind {
             RequestKind::Watch => Deadline {
                 headers: self.watch_first_byte,
@@ -191,7 +191,7 @@ impl Deadlines {
 
 /// Which part of the answer did not arrive in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Missed {
+pub(crate) enum Missed {
     Headers,
     WholeAnswer,
 }
@@ -199,7 +199,7 @@ pub enum Missed {
 /// A request that ran past its [`Deadline`]. Its connection was poisoned:
 /// no later request is sent on it.
 #[derive(Debug, Clone)]
-pub struct TimedOut {
+pub(crate) struct TimedOut {
     pub kind: RequestKind,
     pub missed: Missed,
     pub after: Duration,
@@ -228,14 +228,8 @@ impl std::error::Error for TimedOut {}
 
 /// Puts a [`DeadlineService`] around a transport.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct DeadlineLayer {
+pub(crate) struct DeadlineLayer {
     deadlines: Deadlines,
-}
-
-impl DeadlineLayer {
-    pub fn new(deadlines: Deadlines) -> Self {
-        DeadlineLayer { deadlines }
-    }
 }
 
 impl<S> Layer<S> for DeadlineLayer {
@@ -251,7 +245,7 @@ impl<S> Layer<S> for DeadlineLayer {
 /// Bounds every request by its [`Deadline`] and poisons the connection of
 /// one that ran past it.
 #[derive(Debug, Clone)]
-pub struct DeadlineService<S> {
+pub(crate) struct DeadlineService<S> {
     inner: S,
     deadlines: Deadlines,
 }
@@ -431,7 +425,7 @@ fn connector(config: &kube::Config) -> anyhow::Result<hyper_rustls::HttpsConnect
 }
 
 /// The pooled HTTP client over [`connector`], with HTTP/2 health checks.
-pub fn http_client<C>(connector: C) -> hyper_util::client::legacy::Client<C, Body>
+pub(crate) fn http_client<C>(connector: C) -> hyper_util::client::legacy::Client<C, Body>
 where
     C: tower::Service<http::Uri> + Clone + Send + Sync + 'static,
     C::Response: hyper_util::client::legacy::connect::Connection
@@ -454,10 +448,10 @@ where
 }
 
 /// The response body type the client stack hands to kube.
-pub type ClientBody = DeadlineBody<hyper::body::Incoming>;
+pub(crate) type ClientBody = DeadlineBody<hyper::body::Incoming>;
 
 /// The transport [`service`] builds, as the client's bottom layer.
-pub type ClientTransport = tower::util::BoxService<Request<Body>, Response<ClientBody>, BoxError>;
+pub(crate) type ClientTransport = tower::util::BoxService<Request<Body>, Response<ClientBody>, BoxError>;
 
 /// The whole transport for `config`: connector, pooled client, deadlines,
 /// then what kube's own stack adds (base URI, authentication, the

@@ -5,7 +5,7 @@ use super::*;
 /// The client-go `rest_client_*` metrics. Cloning shares the underlying
 /// collectors.
 #[derive(Clone)]
-pub struct ClientMetrics {
+pub(crate) struct ClientMetrics {
     pub(super) requests: IntCounterVec,
     pub(super) request_duration: HistogramVec,
     pub(super) rate_limiter_duration: HistogramVec,
@@ -27,7 +27,7 @@ impl fmt::Debug for ClientMetrics {
 
 impl ClientMetrics {
     /// Creates unregistered collectors.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         // The names, labels and buckets are constants; construction can only
         // fail on invalid ones, which the tests would catch.
         let requests = IntCounterVec::new(
@@ -74,7 +74,7 @@ impl ClientMetrics {
     }
 
     /// Registers all collectors.
-    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
+    pub(crate) fn register(&self, registry: &Registry) -> prometheus::Result<()> {
         registry.register(Box::new(self.requests.clone()))?;
         registry.register(Box::new(self.request_duration.clone()))?;
         registry.register(Box::new(self.rate_limiter_duration.clone()))?;
@@ -82,28 +82,32 @@ impl ClientMetrics {
         Ok(())
     }
 
+    #[cfg(test)]
     /// `rest_client_requests_total{code,host,method}`.
-    pub fn requests_total(&self, code: &str, host: &str, method: &str) -> u64 {
+    pub(crate) fn requests_total(&self, code: &str, host: &str, method: &str) -> u64 {
         self.requests.with_label_values(&[code, host, method]).get()
     }
 
+    #[cfg(test)]
     /// Number of `rest_client_request_duration_seconds{verb,host}` samples.
-    pub fn request_duration_count(&self, verb: &str, host: &str) -> u64 {
+    pub(crate) fn request_duration_count(&self, verb: &str, host: &str) -> u64 {
         self.request_duration
             .with_label_values(&[verb, host])
             .get_sample_count()
     }
 
+    #[cfg(test)]
     /// Sample count and total seconds of
     /// `rest_client_rate_limiter_duration_seconds{verb,host}`.
-    pub fn rate_limiter_wait(&self, verb: &str, host: &str) -> (u64, f64) {
+    pub(crate) fn rate_limiter_wait(&self, verb: &str, host: &str) -> (u64, f64) {
         let h = self.rate_limiter_duration.with_label_values(&[verb, host]);
         (h.get_sample_count(), h.get_sample_sum())
     }
 
+    #[cfg(test)]
     /// Sample count and total seconds of
     /// `dra_rate_limiter_wait_seconds{priority}`.
-    pub fn priority_wait(&self, priority: Priority) -> (u64, f64) {
+    pub(crate) fn priority_wait(&self, priority: Priority) -> (u64, f64) {
         let h = self.priority_wait.with_label_values(&[priority.label()]);
         (h.get_sample_count(), h.get_sample_sum())
     }

@@ -81,11 +81,6 @@ async fn authorize(
     }
 }
 
-/// Default `--metrics-bind-address`.
-pub const DEFAULT_METRICS_BIND_ADDRESS: &str = ":8080";
-/// Default `--health-probe-bind-address`.
-pub const DEFAULT_HEALTH_PROBE_BIND_ADDRESS: &str = ":8081";
-
 /// A listener address flag: where to listen, or `None` for no listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BindAddress(pub Option<SocketAddr>);
@@ -125,7 +120,7 @@ impl std::fmt::Display for BindAddress {
 /// * `"127.0.0.1:8080"`, `"[::1]:8080"`, `"[::]:8080"`, `"localhost:8080"`
 ///   listen where they say. Other host names are rejected rather than
 ///   resolved, so startup never depends on DNS.
-pub fn parse_bind_address(s: &str) -> anyhow::Result<Option<SocketAddr>> {
+pub(crate) fn parse_bind_address(s: &str) -> anyhow::Result<Option<SocketAddr>> {
     let s = s.trim();
     if s == "0" {
         return Ok(None);
@@ -215,11 +210,6 @@ impl Health {
         };
     }
 
-    /// Whether `/readyz` currently succeeds.
-    pub fn is_ready(&self) -> bool {
-        self.state().ready
-    }
-
     /// Liveness from now on follows the leader election's reports.
     pub fn follow_lease(&self, lease: watch::Receiver<LeaseHealth>) {
         self.state().lease = Some(lease);
@@ -285,7 +275,7 @@ async fn metrics(State(registry): State<Registry>) -> Response {
 }
 
 /// `/metrics` in the Prometheus text format, behind `access`'s gate.
-pub fn metrics_router(registry: Registry, access: &MetricsAccess) -> Router {
+pub(crate) fn metrics_router(registry: Registry, access: &MetricsAccess) -> Router {
     let router = Router::new()
         .route("/metrics", get(metrics))
         .with_state(registry);
@@ -298,7 +288,7 @@ pub fn metrics_router(registry: Registry, access: &MetricsAccess) -> Router {
 }
 
 /// `/healthz` (with `/livez` as an alias) and `/readyz`.
-pub fn health_router(health: Health) -> Router {
+pub(crate) fn health_router(health: Health) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/livez", get(healthz))
@@ -308,7 +298,7 @@ pub fn health_router(health: Health) -> Router {
 
 /// A listener that is bound (so address errors surface at startup) but not
 /// yet serving.
-pub struct BoundServer {
+pub(crate) struct BoundServer {
     listener: TcpListener,
     router: Router,
     tls: Option<tokio_rustls::TlsAcceptor>,
@@ -325,7 +315,7 @@ impl std::fmt::Debug for BoundServer {
 
 impl BoundServer {
     /// Binds `addr` for `router`, served over TLS with `tls`.
-    pub async fn bind(
+    pub(crate) async fn bind(
         addr: SocketAddr,
         router: Router,
         tls: Option<tokio_rustls::TlsAcceptor>,
@@ -341,12 +331,12 @@ impl BoundServer {
     }
 
     /// The bound address (useful with port 0).
-    pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+    pub(crate) fn local_addr(&self) -> anyhow::Result<SocketAddr> {
         Ok(self.listener.local_addr()?)
     }
 
     /// Serves until `shutdown` resolves, then finishes in-flight requests.
-    pub async fn run(
+    pub(crate) async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {

@@ -34,7 +34,7 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const HANDLER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Answers 503 for a request whose handler outlives [`HANDLER_TIMEOUT`].
-pub async fn handler_deadline(req: Request, next: Next) -> Response {
+pub(crate) async fn handler_deadline(req: Request, next: Next) -> Response {
     match tokio::time::timeout(HANDLER_TIMEOUT, next.run(req)).await {
         Ok(response) => response,
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "handler timed out\n").into_response(),

@@ -58,12 +58,12 @@ pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
 pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
 
 /// Where an in-cluster pod finds its own namespace.
-pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
+pub(crate) const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
     "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 /// Environment variable consulted when not running with a service account.
-pub const POD_NAMESPACE_ENV: &str = "POD_NAMESPACE";
+pub(crate) const POD_NAMESPACE_ENV: &str = "POD_NAMESPACE";
 /// Last-resort lease namespace, where kube-controller-manager keeps its own.
-pub const FALLBACK_NAMESPACE: &str = "kube-system";
+pub(crate) const FALLBACK_NAMESPACE: &str = "kube-system";
 
 /// Leader-election settings, mirroring kube-controller-manager's
 /// `--leader-elect*` flags.
@@ -104,7 +104,7 @@ impl Default for LeaderElectionOptions {
 impl LeaderElectionOptions {
     /// Checks client-go's constraints: lease duration > renew deadline >
     /// 1.2 × retry period > 0.
-    pub fn validate(&self) -> anyhow::Result<()> {
+    pub(crate) fn validate(&self) -> anyhow::Result<()> {
         ensure!(
             !self.lease_name.is_empty(),
             "--leader-elect-resource-name is empty"
@@ -136,7 +136,7 @@ impl LeaderElectionOptions {
 /// Picks the lease namespace: explicit setting, then the pod's service
 /// account namespace, then `$POD_NAMESPACE`, then `kube-system`. Blank
 /// values are skipped.
-pub fn resolve_namespace(
+pub(crate) fn resolve_namespace(
     explicit: Option<&str>,
     service_account_namespace: Option<&str>,
     pod_namespace_env: Option<&str>,
@@ -162,7 +162,7 @@ fn namespace_from_environment(explicit: Option<&str>) -> String {
 /// restarted pod from mistaking its predecessor's lease for its own. The
 /// pod's name comes from `POD_NAME` (the chart sets it) where given: with
 /// the host network every replica on a node has the node's host name.
-pub fn default_identity() -> String {
+pub(crate) fn default_identity() -> String {
     let host = hostname::get()
         .ok()
         .map(|h| h.to_string_lossy().into_owned());
@@ -174,7 +174,7 @@ pub fn default_identity() -> String {
 }
 
 /// The environment variable naming this process's pod.
-pub const POD_NAME_ENV: &str = "POD_NAME";
+pub(crate) const POD_NAME_ENV: &str = "POD_NAME";
 
 /// Who holds the lease, before the random part: the pod's name, else the
 /// host name, else "unknown".

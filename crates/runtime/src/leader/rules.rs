@@ -26,7 +26,7 @@ pub(super) fn whole_seconds(d: Duration) -> i32 {
 /// record's, else `lease_duration`) since we first saw it as it is
 /// (`unchanged_since`, our own clock). Like client-go, expiry never
 /// compares another node's clock with ours.
-pub fn may_take(
+pub(crate) fn may_take(
     spec: Option<&LeaseSpec>,
     unchanged_since: Instant,
     now: Instant,
@@ -47,7 +47,7 @@ pub fn may_take(
 
 /// The Lease record that makes `identity` the holder (acquiring or
 /// renewing), from the record as read.
-pub fn claimed_spec(
+pub(crate) fn claimed_spec(
     old: Option<&LeaseSpec>,
     identity: &str,
     lease_duration: Duration,
@@ -79,7 +79,7 @@ pub fn claimed_spec(
 }
 
 /// The record a clean stop writes: no holder (as client-go's release).
-pub fn released_spec(old: &LeaseSpec, now: MicroTime) -> LeaseSpec {
+pub(crate) fn released_spec(old: &LeaseSpec, now: MicroTime) -> LeaseSpec {
     LeaseSpec {
         holder_identity: None,
         lease_duration_seconds: Some(1),

@@ -23,7 +23,7 @@ use tower::{BoxError, Service};
 
 /// How a connection to the API server is dialled.
 #[derive(Clone, Debug)]
-pub enum Dial {
+pub(crate) enum Dial {
     Direct(HttpConnector),
     HttpProxy(Tunnel<HttpConnector>),
     Socks5(SocksV5<HttpConnector>),
@@ -106,7 +106,7 @@ pub fn parse(proxy_url: &str) -> anyhow::Result<ProxySettings> {
 /// `HTTP_PROXY` for `http://` (upper or lower case, upper first), unless
 /// `NO_PROXY` matches the server's host or the server is on loopback. A
 /// value without a scheme is an HTTP proxy. `env` reads a variable.
-pub fn from_environment(
+pub(crate) fn from_environment(
     server: &Uri,
     env: impl Fn(&str) -> Option<String>,
 ) -> anyhow::Result<Option<ProxySettings>> {
@@ -162,7 +162,7 @@ fn decode(part: &str) -> anyhow::Result<String> {
 
 impl Dial {
     /// Dials through the proxy `settings` says, over `tcp`, or directly.
-    pub fn new(tcp: HttpConnector, settings: Option<ProxySettings>) -> anyhow::Result<Dial> {
+    pub(crate) fn new(tcp: HttpConnector, settings: Option<ProxySettings>) -> anyhow::Result<Dial> {
         let Some(settings) = settings else {
             return Ok(Dial::Direct(tcp));
         };

@@ -261,7 +261,7 @@ async fn a_request_retried_after_a_timeout_goes_out_on_another_connection() {
         whole_answer: Duration::from_secs(2),
     };
     let client = http_client(HttpConnector::new());
-    let mut svc = DeadlineLayer::new(deadlines).layer(client.map_err(BoxError::from));
+    let mut svc = DeadlineLayer { deadlines }.layer(client.map_err(BoxError::from));
     let get = |path: &str| {
         Request::builder()
             .uri(format!("http://{addr}{path}"))

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 ///
 /// Time is passed in, so the arithmetic is exact and testable.
 #[derive(Debug, Clone)]
-pub struct TokenBucket {
+pub(crate) struct TokenBucket {
     /// Time to earn one token.
     interval: Duration,
     /// Time to earn a full bucket (`interval * burst`).
@@ -30,7 +30,7 @@ impl TokenBucket {
     /// # Panics
     ///
     /// If `qps` is zero.
-    pub fn new(qps: u32, burst: u32) -> Self {
+    pub(crate) fn new(qps: u32, burst: u32) -> Self {
         assert!(qps > 0, "token bucket needs a positive rate");
         let interval = Duration::from_secs(1) / qps;
         Self {
@@ -42,7 +42,7 @@ impl TokenBucket {
 
     /// Reserves one token at `now` and returns how long the caller has to
     /// wait before it may act (zero while tokens are left).
-    pub fn reserve_at(&mut self, now: Instant) -> Duration {
+    pub(crate) fn reserve_at(&mut self, now: Instant) -> Duration {
         // Tokens never accumulate beyond the burst: a full_at in the past
         // means a full bucket.
         let start = self.full_at.map_or(now, |at| at.max(now));
@@ -59,7 +59,7 @@ impl TokenBucket {
 ///
 /// A plain value; the queue keeps it behind a lock.
 #[derive(Debug, Clone)]
-pub struct RateLimiter<K> {
+pub(crate) struct RateLimiter<K> {
     base_delay: Duration,
     max_delay: Duration,
     /// Failures per key since the last `forget`.
@@ -70,7 +70,7 @@ pub struct RateLimiter<K> {
 impl<K: Clone + Eq + Hash> RateLimiter<K> {
     /// The controller default: `max(5 ms * 2^failures capped at 1000 s,
     /// token bucket of 10 qps with a burst of 100)`.
-    pub fn default_controller() -> Self {
+    pub(crate) fn default_controller() -> Self {
         Self::new(
             Duration::from_millis(5),
             Duration::from_secs(1000),
@@ -80,7 +80,7 @@ impl<K: Clone + Eq + Hash> RateLimiter<K> {
 
     /// Per-key backoff `base_delay * 2^failures`, capped at `max_delay`,
     /// combined with `bucket` if given.
-    pub fn new(base_delay: Duration, max_delay: Duration, bucket: Option<TokenBucket>) -> Self {
+    pub(crate) fn new(base_delay: Duration, max_delay: Duration, bucket: Option<TokenBucket>) -> Self {
         Self {
             base_delay,
             max_delay,
@@ -90,13 +90,13 @@ impl<K: Clone + Eq + Hash> RateLimiter<K> {
     }
 
     /// How long `key` should wait now; counts one more failure for it.
-    pub fn when(&mut self, key: &K) -> Duration {
+    pub(crate) fn when(&mut self, key: &K) -> Duration {
         self.when_at(key, Instant::now())
     }
 
     /// [`when`](Self::when) at a given instant (only the token bucket looks
     /// at time).
-    pub fn when_at(&mut self, key: &K, now: Instant) -> Duration {
+    pub(crate) fn when_at(&mut self, key: &K, now: Instant) -> Duration {
         let failures = self.failures.entry(key.clone()).or_insert(0);
         let exponent = *failures;
         *failures = failures.saturating_add(1);
@@ -116,12 +116,13 @@ impl<K: Clone + Eq + Hash> RateLimiter<K> {
 
     /// Resets the backoff of `key` (call after it was processed
     /// successfully).
-    pub fn forget(&mut self, key: &K) {
+    pub(crate) fn forget(&mut self, key: &K) {
         self.failures.remove(key);
     }
 
+    #[cfg(test)]
     /// How many times `key` failed since the last [`forget`](Self::forget).
-    pub fn num_requeues(&self, key: &K) -> u32 {
+    pub(crate) fn num_requeues(&self, key: &K) -> u32 {
         self.failures.get(key).copied().unwrap_or(0)
     }
 }

@@ -27,5 +27,4 @@ mod shared;
 mod tests;
 mod waiting;
 
-pub use default_rate_limiters::{RateLimiter, TokenBucket};
 pub use queue::WorkQueue;

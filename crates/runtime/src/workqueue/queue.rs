@@ -60,7 +60,7 @@ where
     }
 
     /// Like [`new`](Self::new), with a custom rate limiter.
-    pub fn with_rate_limiter(
+    pub(crate) fn with_rate_limiter(
         name: &str,
         registry: Option<&Registry>,
         limiter: RateLimiter<K>,
@@ -74,16 +74,18 @@ where
         queue
     }
 
+    #[cfg(test)]
     /// Like [`new`](Self::new), but fails if the metrics cannot be
     /// registered.
-    pub fn try_new(name: &str, registry: Option<&Registry>) -> prometheus::Result<Self> {
+    pub(crate) fn try_new(name: &str, registry: Option<&Registry>) -> prometheus::Result<Self> {
         Self::try_with_rate_limiter(name, registry, RateLimiter::default_controller())
     }
 
+    #[cfg(test)]
     /// Like [`with_rate_limiter`](Self::with_rate_limiter), but fails if the
     /// metrics cannot be registered (`prometheus::Error::AlreadyReg` for a
     /// name already registered in `registry`).
-    pub fn try_with_rate_limiter(
+    pub(crate) fn try_with_rate_limiter(
         name: &str,
         registry: Option<&Registry>,
         limiter: RateLimiter<K>,
@@ -215,7 +217,7 @@ where
     }
 
     /// Whether [`shut_down`](Self::shut_down) was called.
-    pub fn is_shutting_down(&self) -> bool {
+    pub(crate) fn is_shutting_down(&self) -> bool {
         lock(&self.inner.state).shutting_down
     }
 

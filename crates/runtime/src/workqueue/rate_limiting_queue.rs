@@ -13,7 +13,7 @@ where
 {
     /// Adds `key` after the delay the rate limiter assigns to it, and counts
     /// a retry. Ignored after shutdown.
-    pub fn add_rate_limited(&self, key: K) {
+    pub(crate) fn add_rate_limited(&self, key: K) {
         if self.is_shutting_down() {
             return;
         }
@@ -28,9 +28,10 @@ where
         lock(&self.inner.limiter).forget(key);
     }
 
+    #[cfg(test)]
     /// How often `key` was rate-limited since the last
     /// [`forget`](Self::forget).
-    pub fn num_requeues(&self, key: &K) -> u32 {
+    pub(crate) fn num_requeues(&self, key: &K) -> u32 {
         lock(&self.inner.limiter).num_requeues(key)
     }
 }

@@ -3,6 +3,7 @@
 //! in virtual time, so the suite neither sleeps nor depends on the machine's
 //! speed.
 
+use super::default_rate_limiters::{RateLimiter, TokenBucket};
 use super::shared::lock;
 use super::*;
 use std::sync::Arc;
