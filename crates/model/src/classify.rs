@@ -19,7 +19,7 @@ use crate::naming::{EXTENDED_RESOURCE_CLAIM_ANNOTATION, POD_CLAIM_NAME_ANNOTATIO
 /// A claim deleted longer ago than this while its finalizer is still set
 /// counts as stuck. The claim controller removes the finalizer within
 /// moments of deallocating it; a minute leaves room for a busy controller.
-pub const STUCK_DELETING_AFTER: Duration = Duration::from_secs(60);
+pub(crate) const STUCK_DELETING_AFTER: Duration = Duration::from_secs(60);
 
 /// The fields of a claim the classifier reads, borrowed from either the
 /// full API object or the controller's cached view.
@@ -128,7 +128,7 @@ impl PodState {
         }
     }
 
-    pub fn is_active(&self) -> bool {
+    pub(crate) fn is_active(&self) -> bool {
         matches!(self, PodState::Active { .. })
     }
 
@@ -270,7 +270,7 @@ pub fn pod_consumers(
 }
 
 /// The pod that controls the claim, if a pod does, with its state.
-pub fn owner_pod(
+pub(crate) fn owner_pod(
     claim: &ClaimFacts<'_>,
     pods: &dyn Fn(&str) -> Option<Arc<PodView>>,
 ) -> Option<PodRef> {

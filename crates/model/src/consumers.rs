@@ -33,7 +33,7 @@ pub fn pod_consumer(name: &str, uid: &str) -> ResourceClaimConsumerReference {
 }
 
 /// The `reservedFor` entry of a PodGroup.
-pub fn pod_group_consumer(name: &str, uid: &str) -> ResourceClaimConsumerReference {
+pub(crate) fn pod_group_consumer(name: &str, uid: &str) -> ResourceClaimConsumerReference {
     ResourceClaimConsumerReference {
         api_group: Some(PodGroupApi::GROUP.into()),
         resource: PodGroupApi::PLURAL.into(),

@@ -175,7 +175,7 @@ pub fn tolerates_no_execute(toleration: &DeviceToleration, taint: &DeviceTaint) 
 /// The key (if the toleration sets one) is the taint's, and `Exists`
 /// matches any value while `Equal` (or no operator) needs the same value:
 /// the part of toleration matching every reader shares.
-pub fn matches_key_and_value(toleration: &DeviceToleration, taint: &DeviceTaint) -> bool {
+pub(crate) fn matches_key_and_value(toleration: &DeviceToleration, taint: &DeviceTaint) -> bool {
     if toleration
         .key
         .as_deref()

@@ -38,7 +38,7 @@ pub fn pod_claim_index(pod: &PodView) -> Vec<String> {
 }
 
 /// `namespace/template` of every template the entries name, once each.
-pub fn template_keys(namespace: &str, entries: &[PodResourceClaim]) -> Vec<String> {
+pub(crate) fn template_keys(namespace: &str, entries: &[PodResourceClaim]) -> Vec<String> {
     let mut keys: Vec<String> = entries
         .iter()
         .filter_map(|e| e.resource_claim_template_name.as_deref())

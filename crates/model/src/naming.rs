@@ -47,7 +47,7 @@ pub const FIELD_MANAGER: &str = "ResourceClaimController";
 
 /// Longest `generateName` prefix we send: 63 minus a hyphen and the five
 /// random characters the API server appends.
-pub const MAX_GENERATE_NAME_BASE: usize = 57;
+pub(crate) const MAX_GENERATE_NAME_BASE: usize = 57;
 
 /// What a pod claim entry resolves to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl<'a> ClaimResolution<'a> {
     }
 
     /// Whether the claim must be controlled by the pod to be used.
-    pub fn must_check_owner(self) -> bool {
+    pub(crate) fn must_check_owner(self) -> bool {
         matches!(self, ClaimResolution::Generated(_))
     }
 }

@@ -137,7 +137,7 @@ impl WireContainer {
 }
 
 /// `spec.containers`, summed.
-pub fn containers_sum<'de, D: Deserializer<'de>>(d: D) -> Result<ResourceList, D::Error> {
+pub(crate) fn containers_sum<'de, D: Deserializer<'de>>(d: D) -> Result<ResourceList, D::Error> {
     let containers = Option::<Vec<WireContainer>>::deserialize(d)?.unwrap_or_default();
     let mut sum = ResourceList::new();
     for c in containers {
@@ -147,7 +147,7 @@ pub fn containers_sum<'de, D: Deserializer<'de>>(d: D) -> Result<ResourceList, D
 }
 
 /// `spec.initContainers`, each kept.
-pub fn init_containers<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<InitRequests>, D::Error> {
+pub(crate) fn init_containers<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<InitRequests>, D::Error> {
     let containers = Option::<Vec<WireContainer>>::deserialize(d)?.unwrap_or_default();
     Ok(containers
         .into_iter()
@@ -159,14 +159,14 @@ pub fn init_containers<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<InitReques
 }
 
 /// A `ResourceList` field (`spec.overhead`).
-pub fn resource_list<'de, D: Deserializer<'de>>(d: D) -> Result<ResourceList, D::Error> {
+pub(crate) fn resource_list<'de, D: Deserializer<'de>>(d: D) -> Result<ResourceList, D::Error> {
     Ok(parse_list(
         Option::<BTreeMap<String, String>>::deserialize(d)?.unwrap_or_default(),
     ))
 }
 
 /// `spec.resources` of a pod: its requests.
-pub fn pod_level<'de, D: Deserializer<'de>>(d: D) -> Result<ResourceList, D::Error> {
+pub(crate) fn pod_level<'de, D: Deserializer<'de>>(d: D) -> Result<ResourceList, D::Error> {
     let resources = Option::<WireResources>::deserialize(d)?;
     Ok(parse_list(
         resources.and_then(|r| r.requests).unwrap_or_default(),

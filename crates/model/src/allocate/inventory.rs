@@ -45,7 +45,7 @@ pub struct Inventory {
 }
 
 impl Inventory {
-    pub fn pool_problems(&self) -> impl Iterator<Item = (&String, &'static str)> {
+    pub(crate) fn pool_problems(&self) -> impl Iterator<Item = (&String, &'static str)> {
         self.incomplete_pools
             .iter()
             .map(|p| (p, "is currently being updated"))
@@ -262,7 +262,7 @@ fn device_facts(driver: &str, device: &Device) -> (DeviceFacts, Option<String>) 
 }
 
 /// `domain/id` → (domain, id); a bare id belongs to the driver's domain.
-pub fn qualified(driver: &str, name: &str) -> (String, String) {
+pub(crate) fn qualified(driver: &str, name: &str) -> (String, String) {
     match name.split_once('/') {
         Some((domain, id)) => (domain.to_string(), id.to_string()),
         None => (driver.to_string(), name.to_string()),

@@ -85,12 +85,12 @@ impl Quantity {
         })
     }
 
-    pub fn is_integer(&self) -> bool {
+    pub(crate) fn is_integer(&self) -> bool {
         self.nanos % NANOS_PER_UNIT == 0
     }
 
     /// The value in whole units, when it is one and fits an `i64`.
-    pub fn as_integer(&self) -> Option<i64> {
+    pub(crate) fn as_integer(&self) -> Option<i64> {
         if !self.is_integer() {
             return None;
         }

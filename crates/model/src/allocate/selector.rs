@@ -176,7 +176,7 @@ impl std::fmt::Display for SelectorError {
 /// have: where kube-apiserver's CEL parser stops (250). Deeper ones are
 /// refused before parsing, so the parser's recursion stays within the
 /// allocation thread's stack.
-pub const MAX_NESTING: usize = 250;
+pub(crate) const MAX_NESTING: usize = 250;
 
 /// The deepest nesting of `(`, `[` and `{` outside string literals.
 fn nesting_depth(expression: &str) -> usize {

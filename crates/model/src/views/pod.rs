@@ -258,7 +258,7 @@ impl PodView {
     /// after the kubelet did would take it for scheduled. The condition is
     /// still the fallback for a pod whose managed fields were stripped:
     /// bound, and first seen before anyone reported it scheduled.
-    pub fn placed_without_scheduler(&self) -> bool {
+    pub(crate) fn placed_without_scheduler(&self) -> bool {
         self.node_name().is_some() && (self.node_name_written || !self.status.scheduling.scheduled)
     }
     /// The pod as the object a Warning event is about.
