@@ -178,7 +178,7 @@ impl DrainCheckArgs {
 
 /// The namespace an audit covers: `-n`, every one with `-A`, else the
 /// context's (`default` where it names none), as kubectl does.
-pub fn audit_namespace(args: &AuditArgs, context_namespace: &str) -> Option<String> {
+pub(crate) fn audit_namespace(args: &AuditArgs, context_namespace: &str) -> Option<String> {
     if args.all_namespaces {
         None
     } else {

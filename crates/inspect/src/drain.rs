@@ -29,7 +29,7 @@ use dra_model::views::PodView;
 
 /// How long after its containers finished a pod still counts as holding
 /// its devices: the kubelet unprepares them during the pod's cleanup.
-pub const DEFAULT_FINISHED_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_FINISHED_GRACE: Duration = Duration::from_secs(30);
 
 /// The node (and optionally the driver) being drained.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +41,7 @@ pub struct DrainScope<'a> {
 }
 
 impl<'a> DrainScope<'a> {
-    pub fn new(node: &'a str, driver: Option<&'a str>) -> Self {
+    pub(crate) fn new(node: &'a str, driver: Option<&'a str>) -> Self {
         DrainScope {
             node,
             driver,
@@ -97,7 +97,7 @@ fn node_pods<'s>(
 
 /// Claims the node's running or finishing pods name that the snapshot
 /// lacks: the reader fetches each (absent afterwards = no such claim).
-pub fn claims_to_look_up(
+pub(crate) fn claims_to_look_up(
     snapshot: &Snapshot,
     scope: DrainScope<'_>,
     now: Timestamp,
@@ -118,7 +118,7 @@ pub fn claims_to_look_up(
 /// Why the check cannot mean anything for this node or driver: a name that
 /// nothing in the cluster knows is almost certainly a typo, and "clean"
 /// would be a dangerous answer to it.
-pub fn unknown_target(snapshot: &Snapshot, scope: DrainScope<'_>) -> Option<String> {
+pub(crate) fn unknown_target(snapshot: &Snapshot, scope: DrainScope<'_>) -> Option<String> {
     let node_known = snapshot.nodes.contains_key(scope.node)
         || snapshot
             .pods
@@ -166,7 +166,7 @@ fn allocated_for_node(claim: &ResourceClaim, snapshot: &Snapshot, scope: DrainSc
 
 /// Whether the claim holds devices (of the driver, when given) that matter
 /// to the node. `snapshot.pods` must hold every pod bound to the node.
-pub fn matters_to_node(claim: &ResourceClaim, snapshot: &Snapshot, scope: DrainScope<'_>) -> bool {
+pub(crate) fn matters_to_node(claim: &ResourceClaim, snapshot: &Snapshot, scope: DrainScope<'_>) -> bool {
     relevance(claim, snapshot, scope).is_some()
 }
 
@@ -191,7 +191,7 @@ fn relevance(claim: &ResourceClaim, snapshot: &Snapshot, scope: DrainScope<'_>) 
 
 /// Pods that claims mattering to the node name but that are not in the
 /// snapshot yet: the reader fetches each (absent afterwards = gone).
-pub fn pods_to_look_up(snapshot: &Snapshot, scope: DrainScope<'_>) -> BTreeSet<(String, String)> {
+pub(crate) fn pods_to_look_up(snapshot: &Snapshot, scope: DrainScope<'_>) -> BTreeSet<(String, String)> {
     snapshot
         .claims
         .iter()

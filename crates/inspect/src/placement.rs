@@ -33,7 +33,7 @@ impl NodeFacts {
 /// Whether `selector` selects `node`: any term matches, and a term matches
 /// when all its expressions and fields do. A selector without terms selects
 /// nothing, as in the scheduler.
-pub fn selector_matches(selector: &NodeSelector, node: &NodeFacts) -> bool {
+pub(crate) fn selector_matches(selector: &NodeSelector, node: &NodeFacts) -> bool {
     selector
         .node_selector_terms
         .iter()
@@ -82,7 +82,7 @@ fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool
 
 /// Where one device may be used, as its slice publishes it.
 #[derive(Debug, Clone, PartialEq)]
-pub enum DevicePlacement {
+pub(crate) enum DevicePlacement {
     /// Node-local: prepared by the driver on this node only.
     Node(String),
     /// Network-attached: usable from the nodes the selector matches.
@@ -95,7 +95,7 @@ pub enum DevicePlacement {
 }
 
 impl DevicePlacement {
-    pub fn serves(&self, node: &NodeFacts) -> bool {
+    pub(crate) fn serves(&self, node: &NodeFacts) -> bool {
         match self {
             DevicePlacement::Node(name) => *name == node.name,
             DevicePlacement::Selector(selector) => selector_matches(selector, node),
@@ -107,7 +107,7 @@ impl DevicePlacement {
 /// Where `driver`/`pool`/`device` lives: according to the newest
 /// generation of its pool that publishes it (a pool being republished may
 /// not list every device in its newest slices yet).
-pub fn device_placement(
+pub(crate) fn device_placement(
     slices: &[ResourceSlice],
     driver: &str,
     pool: &str,
@@ -160,7 +160,7 @@ fn placement_of(
 /// Whether an allocation holds devices that serve `node`: its own node
 /// selector selects the node, or one of its devices (of `driver`, when
 /// given) is published for the node.
-pub fn allocation_serves(
+pub(crate) fn allocation_serves(
     allocation: &AllocationResult,
     slices: &[ResourceSlice],
     node: &NodeFacts,

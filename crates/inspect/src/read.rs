@@ -26,7 +26,7 @@ const ATTEMPTS: u32 = 4;
 
 /// Why the state could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum ReadError {
+pub(crate) enum ReadError {
     #[error(
         "permission denied: cannot {verb} {resource}{scope} ({message}). Bind the read-only ClusterRole \
          the chart creates (<release>-inspector, value inspectorRole.create) to this user or service account"
@@ -56,7 +56,7 @@ pub enum ReadError {
 
 impl ReadError {
     /// Whether waiting could help (`--wait` keeps trying those).
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         matches!(
             self,
             ReadError::Failed {
@@ -169,12 +169,12 @@ fn scope_of(namespace: Option<&str>) -> String {
 }
 
 /// Reads the cluster for the checks.
-pub struct Reader {
+pub(crate) struct Reader {
     client: kube::Client,
 }
 
 impl Reader {
-    pub fn new(client: kube::Client) -> Self {
+    pub(crate) fn new(client: kube::Client) -> Self {
         Reader { client }
     }
 
@@ -268,7 +268,7 @@ impl Reader {
     /// the node's pods name. Pods are read before claims, and claims the
     /// pods name but the list lacks are fetched one by one, so a claim
     /// reserved while the lists were read is not missed.
-    pub async fn for_node(
+    pub(crate) async fn for_node(
         &self,
         scope: DrainScope<'_>,
         now: Timestamp,
@@ -294,7 +294,7 @@ impl Reader {
 
     /// What `audit` needs: claims and pods of the namespace (or all), all
     /// slices, and the node when the audit is narrowed to one.
-    pub async fn for_audit(
+    pub(crate) async fn for_audit(
         &self,
         namespace: Option<&str>,
         node: Option<&str>,

@@ -26,7 +26,7 @@ impl Verdict {
 }
 
 /// Whether some of `pods` are Ready, and how many of how many.
-pub fn pods_ready(pods: &[Pod], selector: &str) -> Verdict {
+pub(crate) fn pods_ready(pods: &[Pod], selector: &str) -> Verdict {
     let ready = pods
         .iter()
         .filter(|p| {
@@ -45,7 +45,7 @@ pub fn pods_ready(pods: &[Pod], selector: &str) -> Verdict {
 }
 
 /// Whether the Lease is held and was renewed within its duration.
-pub fn lease_held(lease: &Lease, now: Timestamp) -> Verdict {
+pub(crate) fn lease_held(lease: &Lease, now: Timestamp) -> Verdict {
     let name = format!(
         "{}/{}",
         lease.metadata.namespace.as_deref().unwrap_or_default(),
@@ -80,7 +80,7 @@ pub fn lease_held(lease: &Lease, now: Timestamp) -> Verdict {
 }
 
 /// Whether a `/metrics` answer is the controller's.
-pub fn metrics_answer(url: &str, answer: Result<String, String>) -> Verdict {
+pub(crate) fn metrics_answer(url: &str, answer: Result<String, String>) -> Verdict {
     match answer {
         Ok(text) if text.contains("workqueue_depth") => {
             Verdict::ok(format!("{url} answers ({} bytes of metrics)", text.len()))

@@ -9,23 +9,23 @@ use serde::Serialize;
 use dra_model::classify::{PodRef, PodState, Problem, ProblemKind};
 
 /// `apiVersion` of both documents. Fields are only ever added within it.
-pub const REPORT_API_VERSION: &str = "dra-claim-controller.io/v1alpha1";
+pub(crate) const REPORT_API_VERSION: &str = "dra-claim-controller.io/v1alpha1";
 
 /// What an admin is told about a force-deleted pod, in both outputs.
-pub const FORCE_DELETE_CAVEAT: &str = "a pod deleted with --force --grace-period=0 disappears from the API at once, \
+pub(crate) const FORCE_DELETE_CAVEAT: &str = "a pod deleted with --force --grace-period=0 disappears from the API at once, \
 while its containers and prepared devices may remain on the node until the kubelet cleans up: \
 a clean result cannot see those; wait for the kubelet (or check the node) after force-deleting pods";
 
 /// Exit codes, shared by both commands.
 pub mod exit {
     /// Nothing blocks and nothing looks wrong.
-    pub const CLEAN: u8 = 0;
+    pub(crate) const CLEAN: u8 = 0;
     /// Devices are still in use (or, with `--strict`, warnings).
-    pub const BLOCKED: u8 = 1;
+    pub(crate) const BLOCKED: u8 = 1;
     /// Warnings only.
     pub const WARNINGS: u8 = 2;
     /// The check could not be completed.
-    pub const INCOMPLETE: u8 = 3;
+    pub(crate) const INCOMPLETE: u8 = 3;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -98,12 +98,12 @@ pub struct Finding {
 }
 
 /// The `type` of blocking entries: a consumer that may run.
-pub const IN_USE: &str = "InUse";
+pub(crate) const IN_USE: &str = "InUse";
 /// The `type` of blocking entries: a pod that finished moments ago, whose
 /// devices the kubelet may not have unprepared yet.
 pub const FINISHING: &str = "Finishing";
 /// The `type` of placeholder entries: a headroom placeholder, safe to evict.
-pub const PLACEHOLDER: &str = "Placeholder";
+pub(crate) const PLACEHOLDER: &str = "Placeholder";
 
 fn problem_type(kind: ProblemKind) -> &'static str {
     match kind {
@@ -146,7 +146,7 @@ impl Finding {
 
     /// A pod on the node that finished `ago` ago: its devices may still be
     /// prepared (the kubelet unprepares them while cleaning the pod up).
-    pub fn finishing(
+    pub(crate) fn finishing(
         claim: ClaimRef,
         devices: Vec<DeviceRef>,
         pod: &PodRef,
@@ -262,7 +262,7 @@ impl Finding {
 }
 
 /// "3m", "2h", "45s".
-pub fn human_duration(secs: u64) -> String {
+pub(crate) fn human_duration(secs: u64) -> String {
     match secs {
         s if s >= 2 * 3600 => format!("{}h", s / 3600),
         s if s >= 120 => format!("{}m", s / 60),
@@ -349,7 +349,7 @@ impl DrainCheckReport {
     }
 
     /// Sets the verdict from the findings.
-    pub fn conclude(mut self) -> Self {
+    pub(crate) fn conclude(mut self) -> Self {
         self.verdict = Verdict::of(self.blocking.len(), self.warnings.len());
         self
     }
@@ -359,7 +359,7 @@ impl DrainCheckReport {
     }
 
     /// The table with the consumers' nodes and UIDs (`-o wide`).
-    pub fn wide_table(&self) -> String {
+    pub(crate) fn wide_table(&self) -> String {
         self.render(true)
     }
 
@@ -476,7 +476,7 @@ impl AuditReport {
     }
 
     /// The table with the consumers' nodes and UIDs (`-o wide`).
-    pub fn wide_table(&self) -> String {
+    pub(crate) fn wide_table(&self) -> String {
         self.render(true)
     }
 

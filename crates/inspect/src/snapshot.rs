@@ -39,7 +39,7 @@ impl Snapshot {
     }
 
     /// The claims by namespace and name.
-    pub fn claims_by_key(&self) -> HashMap<(&str, &str), &ResourceClaim> {
+    pub(crate) fn claims_by_key(&self) -> HashMap<(&str, &str), &ResourceClaim> {
         self.claims
             .iter()
             .map(|c| {
@@ -64,7 +64,7 @@ impl Snapshot {
 }
 
 /// The pods (namespace, name) that `claim` names as consumers or owner.
-pub fn named_pods(claim: &ResourceClaim) -> BTreeSet<(String, String)> {
+pub(crate) fn named_pods(claim: &ResourceClaim) -> BTreeSet<(String, String)> {
     let facts = ClaimFacts::from(claim);
     let ns = facts.namespace.to_string();
     let mut names: BTreeSet<(String, String)> = facts
@@ -79,7 +79,7 @@ pub fn named_pods(claim: &ResourceClaim) -> BTreeSet<(String, String)> {
     names
 }
 
-pub fn claim_ref(claim: &ResourceClaim) -> ClaimRef {
+pub(crate) fn claim_ref(claim: &ResourceClaim) -> ClaimRef {
     ClaimRef {
         namespace: claim.metadata.namespace.clone().unwrap_or_default(),
         name: claim.metadata.name.clone().unwrap_or_default(),
