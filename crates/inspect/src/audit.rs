@@ -50,7 +50,7 @@ fn attributed_node(claim: &ResourceClaim, finding: &Finding, snapshot: &Snapshot
         .unwrap_or_else(|| "-".into())
 }
 
-pub fn audit(snapshot: &Snapshot, scope: AuditScope, now: Timestamp) -> AuditReport {
+pub(crate) fn audit(snapshot: &Snapshot, scope: AuditScope, now: Timestamp) -> AuditReport {
     let mut report = AuditReport {
         api_version: REPORT_API_VERSION,
         kind: "AuditReport",

@@ -33,7 +33,7 @@ pub(crate) const DEFAULT_FINISHED_GRACE: Duration = Duration::from_secs(30);
 
 /// The node (and optionally the driver) being drained.
 #[derive(Debug, Clone, Copy)]
-pub struct DrainScope<'a> {
+pub(crate) struct DrainScope<'a> {
     pub node: &'a str,
     pub driver: Option<&'a str>,
     /// See [`DEFAULT_FINISHED_GRACE`].
@@ -202,7 +202,7 @@ pub(crate) fn pods_to_look_up(snapshot: &Snapshot, scope: DrainScope<'_>) -> BTr
 }
 
 /// The check itself.
-pub fn check(snapshot: &Snapshot, scope: DrainScope<'_>, now: Timestamp) -> DrainCheckReport {
+pub(crate) fn check(snapshot: &Snapshot, scope: DrainScope<'_>, now: Timestamp) -> DrainCheckReport {
     let mut report = DrainCheckReport::new(scope.node, scope.driver, now.to_string());
     let mut claims: Vec<(&ResourceClaim, bool)> = snapshot
         .claims

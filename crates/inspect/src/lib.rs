@@ -10,14 +10,14 @@
 //!   the chart's `helm test`);
 //! - [`command`]: the subcommands of both binaries.
 
-pub mod audit;
-pub mod command;
-pub mod drain;
-pub mod placement;
-pub mod read;
-pub mod release;
-pub mod report;
-pub mod snapshot;
+mod audit;
+mod command;
+mod drain;
+mod placement;
+mod read;
+mod release;
+mod report;
+mod snapshot;
 
 pub use command::{Tool, run};
 

@@ -15,14 +15,14 @@ use k8s_openapi::api::resource::v1::{AllocationResult, ResourceSlice};
 /// What a node selector is matched against: the node's name (for
 /// `matchFields: metadata.name`) and its labels.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeFacts {
+pub(crate) struct NodeFacts {
     pub name: String,
     pub labels: BTreeMap<String, String>,
 }
 
 impl NodeFacts {
     /// A node known by name only (its Node object is gone or unreadable).
-    pub fn named(name: &str) -> Self {
+    pub(crate) fn named(name: &str) -> Self {
         NodeFacts {
             name: name.to_string(),
             labels: BTreeMap::new(),

@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 
 /// One check's outcome, as printed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     pub ok: bool,
     pub what: String,
 }

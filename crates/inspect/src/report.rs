@@ -17,30 +17,30 @@ while its containers and prepared devices may remain on the node until the kubel
 a clean result cannot see those; wait for the kubelet (or check the node) after force-deleting pods";
 
 /// Exit codes, shared by both commands.
-pub mod exit {
+pub(crate) mod exit {
     /// Nothing blocks and nothing looks wrong.
     pub(crate) const CLEAN: u8 = 0;
     /// Devices are still in use (or, with `--strict`, warnings).
     pub(crate) const BLOCKED: u8 = 1;
     /// Warnings only.
-    pub const WARNINGS: u8 = 2;
+    pub(crate) const WARNINGS: u8 = 2;
     /// The check could not be completed.
     pub(crate) const INCOMPLETE: u8 = 3;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ClaimRef {
+pub(crate) struct ClaimRef {
     pub namespace: String,
     pub name: String,
 }
 
 /// A device as reports name it: the allocator's device identity.
-pub use dra_model::DeviceId as DeviceRef;
+pub(crate) use dra_model::DeviceId as DeviceRef;
 
 /// The object a finding is about, besides the claim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Subject {
+pub(crate) struct Subject {
     /// `Pod`, or the resource of a consumer that is not a pod.
     pub kind: String,
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -60,7 +60,7 @@ pub struct Subject {
 }
 
 impl Subject {
-    pub fn pod(pod: &PodRef, role: &'static str) -> Self {
+    pub(crate) fn pod(pod: &PodRef, role: &'static str) -> Self {
         Subject {
             kind: "Pod".into(),
             api_group: String::new(),
@@ -80,7 +80,7 @@ impl Subject {
 /// One line of a report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Finding {
+pub(crate) struct Finding {
     /// `InUse` for blocking entries; otherwise the problem
     /// (`StaleReservation`, `LeakedAllocation`, `OrphanedGenerated`,
     /// `StuckDeleting`, `UnverifiableConsumer`).
@@ -101,7 +101,7 @@ pub struct Finding {
 pub(crate) const IN_USE: &str = "InUse";
 /// The `type` of blocking entries: a pod that finished moments ago, whose
 /// devices the kubelet may not have unprepared yet.
-pub const FINISHING: &str = "Finishing";
+pub(crate) const FINISHING: &str = "Finishing";
 /// The `type` of placeholder entries: a headroom placeholder, safe to evict.
 pub(crate) const PLACEHOLDER: &str = "Placeholder";
 
@@ -117,7 +117,7 @@ fn problem_type(kind: ProblemKind) -> &'static str {
 
 impl Finding {
     /// A consumer that still uses the claim's devices.
-    pub fn in_use(claim: ClaimRef, devices: Vec<DeviceRef>, consumer: &PodRef) -> Self {
+    pub(crate) fn in_use(claim: ClaimRef, devices: Vec<DeviceRef>, consumer: &PodRef) -> Self {
         let action = match &consumer.state {
             PodState::Active {
                 terminating: true, ..
@@ -171,7 +171,7 @@ impl Finding {
     /// A headroom placeholder holding devices on the node: it never holds
     /// a drain (its Deployment recreates it elsewhere, and it is marked
     /// safe to evict), but the driver must outlive it like any pod's use.
-    pub fn placeholder(claim: ClaimRef, devices: Vec<DeviceRef>, pod: &PodRef) -> Self {
+    pub(crate) fn placeholder(claim: ClaimRef, devices: Vec<DeviceRef>, pod: &PodRef) -> Self {
         let watermark = pod.placeholder_of.as_deref().unwrap_or_default();
         Finding {
             kind: PLACEHOLDER.into(),
@@ -188,7 +188,7 @@ impl Finding {
     }
 
     /// A problem the classifier found.
-    pub fn problem(claim: ClaimRef, devices: Vec<DeviceRef>, problem: &Problem) -> Self {
+    pub(crate) fn problem(claim: ClaimRef, devices: Vec<DeviceRef>, problem: &Problem) -> Self {
         let (ns, name) = (claim.namespace.clone(), claim.name.clone());
         let mut deleting_for_seconds = None;
         let (subject, action) = match problem {
@@ -272,7 +272,7 @@ pub(crate) fn human_duration(secs: u64) -> String {
 
 /// The overall outcome of a drain check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Clean,
     Warnings,
     Blocked,
@@ -281,7 +281,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub fn of(blocking: usize, warnings: usize) -> Self {
+    pub(crate) fn of(blocking: usize, warnings: usize) -> Self {
         match (blocking, warnings) {
             (0, 0) => Verdict::Clean,
             (0, _) => Verdict::Warnings,
@@ -289,7 +289,7 @@ impl Verdict {
         }
     }
 
-    pub fn exit_code(self, strict: bool) -> u8 {
+    pub(crate) fn exit_code(self, strict: bool) -> u8 {
         match self {
             Verdict::Clean => exit::CLEAN,
             Verdict::Blocked => exit::BLOCKED,
@@ -303,7 +303,7 @@ impl Verdict {
 /// `kind: DrainCheckReport`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct DrainCheckReport {
+pub(crate) struct DrainCheckReport {
     pub api_version: &'static str,
     pub kind: &'static str,
     pub node: String,
@@ -324,7 +324,7 @@ pub struct DrainCheckReport {
 }
 
 impl DrainCheckReport {
-    pub fn new(node: &str, driver: Option<&str>, checked_at: String) -> Self {
+    pub(crate) fn new(node: &str, driver: Option<&str>, checked_at: String) -> Self {
         DrainCheckReport {
             api_version: REPORT_API_VERSION,
             kind: "DrainCheckReport",
@@ -341,7 +341,7 @@ impl DrainCheckReport {
     }
 
     /// A report that says only why the check could not be completed.
-    pub fn incomplete(node: &str, driver: Option<&str>, checked_at: String, error: String) -> Self {
+    pub(crate) fn incomplete(node: &str, driver: Option<&str>, checked_at: String, error: String) -> Self {
         let mut report = DrainCheckReport::new(node, driver, checked_at);
         report.verdict = Verdict::Incomplete;
         report.error = Some(error);
@@ -354,7 +354,7 @@ impl DrainCheckReport {
         self
     }
 
-    pub fn table(&self) -> String {
+    pub(crate) fn table(&self) -> String {
         self.render(false)
     }
 
@@ -364,7 +364,7 @@ impl DrainCheckReport {
     }
 
     /// The claims the report names, as `kubectl get -o name` prints them.
-    pub fn names(&self) -> Vec<String> {
+    pub(crate) fn names(&self) -> Vec<String> {
         object_names(
             self.blocking
                 .iter()
@@ -429,7 +429,7 @@ impl DrainCheckReport {
 /// `kind: AuditReport`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AuditReport {
+pub(crate) struct AuditReport {
     pub api_version: &'static str,
     pub kind: &'static str,
     pub scope: AuditScope,
@@ -447,7 +447,7 @@ pub struct AuditReport {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct AuditScope {
+pub(crate) struct AuditScope {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -456,14 +456,14 @@ pub struct AuditScope {
 
 /// A finding and where it was attributed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AuditFinding {
+pub(crate) struct AuditFinding {
     #[serde(flatten)]
     pub finding: Finding,
     pub node: String,
 }
 
 impl AuditReport {
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         if self.findings.is_empty() {
             exit::CLEAN
         } else {
@@ -471,7 +471,7 @@ impl AuditReport {
         }
     }
 
-    pub fn table(&self) -> String {
+    pub(crate) fn table(&self) -> String {
         self.render(false)
     }
 
@@ -481,7 +481,7 @@ impl AuditReport {
     }
 
     /// The claims the report names, as `kubectl get -o name` prints them.
-    pub fn names(&self) -> Vec<String> {
+    pub(crate) fn names(&self) -> Vec<String> {
         object_names(self.findings.iter().map(|f| &f.finding))
     }
 

@@ -14,7 +14,7 @@ use dra_model::naming::controlling_pod;
 use dra_model::views::PodView;
 
 #[derive(Debug, Default, Clone)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub claims: Vec<ResourceClaim>,
     /// Pods by namespace and name. A pod a claim names that is missing here
     /// does not exist: the reader looks up every such pod.
@@ -25,14 +25,14 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn add_pod(&mut self, pod: PodView) {
+    pub(crate) fn add_pod(&mut self, pod: PodView) {
         self.pods.insert(
             (pod.namespace().to_string(), pod.name().to_string()),
             Arc::new(pod),
         );
     }
 
-    pub fn pod(&self, namespace: &str, name: &str) -> Option<Arc<PodView>> {
+    pub(crate) fn pod(&self, namespace: &str, name: &str) -> Option<Arc<PodView>> {
         self.pods
             .get(&(namespace.to_string(), name.to_string()))
             .cloned()
@@ -55,7 +55,7 @@ impl Snapshot {
     }
 
     /// The facts the selectors of `name` are matched against.
-    pub fn node(&self, name: &str) -> std::borrow::Cow<'_, NodeFacts> {
+    pub(crate) fn node(&self, name: &str) -> std::borrow::Cow<'_, NodeFacts> {
         match self.nodes.get(name) {
             Some(node) => std::borrow::Cow::Borrowed(node),
             None => std::borrow::Cow::Owned(NodeFacts::named(name)),
@@ -87,7 +87,7 @@ pub(crate) fn claim_ref(claim: &ResourceClaim) -> ClaimRef {
 }
 
 /// The devices of the claim's allocation, of `driver` only when given.
-pub fn devices(claim: &ResourceClaim, driver: Option<&str>) -> Vec<DeviceRef> {
+pub(crate) fn devices(claim: &ResourceClaim, driver: Option<&str>) -> Vec<DeviceRef> {
     claim
         .status
         .as_ref()
