@@ -23,9 +23,9 @@ use crate::runtime::shared::WatchesSynced;
 use crate::runtime::startup::{PER_TRY_DEADLINE, StartupRead, read_until_answered};
 use watches::{DeviceObservers, DeviceWatches};
 
-pub mod rooms;
+pub(crate) mod rooms;
 mod startup_reads;
-pub mod watches;
+pub(crate) mod watches;
 use crate::runtime::client::{ClientOptions, build_client};
 use crate::runtime::delegated::Gate;
 use crate::runtime::http::{Health, MetricsAccess, start_servers};

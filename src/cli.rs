@@ -169,7 +169,7 @@ pub struct Args {
 impl Args {
     /// The log filter in effect: `--log-level`, or the level `-v` maps to
     /// when `--log-level` is left at its default.
-    pub fn effective_log_level(&self) -> String {
+    pub(crate) fn effective_log_level(&self) -> String {
         match self.verbosity {
             Some(v) if self.log_level == "info" => log_level_for_verbosity(v).to_string(),
             _ => self.log_level.clone(),
@@ -179,7 +179,7 @@ impl Args {
 
 /// klog's verbosity as a tracing level: kube-controller-manager runs at
 /// `--v=2` for the information an admin reads, `--v=4` for debugging.
-pub fn log_level_for_verbosity(v: u8) -> &'static str {
+pub(crate) fn log_level_for_verbosity(v: u8) -> &'static str {
     match v {
         0..=2 => "info",
         3 | 4 => "debug",
@@ -243,9 +243,9 @@ fn bounded(s: &str, min: Duration, max: Duration) -> Result<FlagDuration, String
 }
 
 /// kube-controller-manager's `--min-resync-period` default.
-pub const DEFAULT_MIN_RESYNC_PERIOD: Duration = Duration::from_secs(12 * 3600);
+pub(crate) const DEFAULT_MIN_RESYNC_PERIOD: Duration = Duration::from_secs(12 * 3600);
 /// How long requests already sent may take on SIGTERM.
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// `--log-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -266,7 +266,7 @@ pub struct Controllers {
 /// suffixes are accepted (`resourceclaim-controller`). The claim
 /// controller, what this binary is, cannot be turned off; `headroom` is off
 /// unless named.
-pub fn parse_controllers(s: &str) -> Result<Controllers, String> {
+pub(crate) fn parse_controllers(s: &str) -> Result<Controllers, String> {
     const KNOWN: &str = "known: *, resourceclaim, headroom (a leading '-' turns one off)";
     let mut controllers = Controllers { headroom: false };
     let mut claim = false;

@@ -12,7 +12,7 @@ use crate::controllers::headroom::Controller as Headroom;
 use crate::controllers::resourceclaim::Controller as ClaimController;
 
 /// What `app::run` does with each controller.
-pub trait Room: Send + Sync {
+pub(crate) trait Room: Send + Sync {
     /// Acts as leader from now on: queues what its caches hold.
     fn start_leading(&self);
     /// Its workers, until its queue shuts down.
@@ -25,7 +25,7 @@ pub trait Room: Send + Sync {
 
 /// The claim controller with its number of workers
 /// (`--concurrent-resourceclaim-syncs`).
-pub struct Claims {
+pub(crate) struct Claims {
     pub controller: Arc<ClaimController>,
     pub workers: usize,
 }

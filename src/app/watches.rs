@@ -15,13 +15,13 @@ use crate::runtime::shared::Mirror;
 
 /// Who observes each kind.
 #[derive(Default)]
-pub struct DeviceObservers {
+pub(crate) struct DeviceObservers {
     pub slices: Vec<Arc<dyn Observer<ResourceSlice>>>,
     pub classes: Vec<Arc<dyn Observer<DeviceClass>>>,
     pub nodes: Vec<Arc<dyn Observer<NodeView>>>,
 }
 
-pub struct DeviceWatches {
+pub(crate) struct DeviceWatches {
     slices: Informer,
     classes: Informer,
     nodes: Informer,
@@ -35,7 +35,7 @@ impl Default for DeviceWatches {
 }
 
 impl DeviceWatches {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         DeviceWatches {
             slices: Informer::new("resourceslices"),
             classes: Informer::new("deviceclasses"),
@@ -44,12 +44,12 @@ impl DeviceWatches {
         }
     }
 
-    pub fn stores(&self) -> &DeviceStores {
+    pub(crate) fn stores(&self) -> &DeviceStores {
         &self.stores
     }
 
     /// Runs the three watches until the process ends.
-    pub async fn run(&self, client: kube::Client, observers: DeviceObservers) {
+    pub(crate) async fn run(&self, client: kube::Client, observers: DeviceObservers) {
         let slices = Mirror::new(
             self.stores.slices.clone(),
             |s: &ResourceSlice| s.metadata.name.clone().unwrap_or_default(),
@@ -75,7 +75,7 @@ impl DeviceWatches {
     }
 
     /// Resolves once the first list of each is in.
-    pub async fn wait_synced(&self) {
+    pub(crate) async fn wait_synced(&self) {
         self.slices.wait_synced().await;
         self.classes.wait_synced().await;
         self.nodes.wait_synced().await;

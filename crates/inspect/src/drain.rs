@@ -166,7 +166,11 @@ fn allocated_for_node(claim: &ResourceClaim, snapshot: &Snapshot, scope: DrainSc
 
 /// Whether the claim holds devices (of the driver, when given) that matter
 /// to the node. `snapshot.pods` must hold every pod bound to the node.
-pub(crate) fn matters_to_node(claim: &ResourceClaim, snapshot: &Snapshot, scope: DrainScope<'_>) -> bool {
+pub(crate) fn matters_to_node(
+    claim: &ResourceClaim,
+    snapshot: &Snapshot,
+    scope: DrainScope<'_>,
+) -> bool {
     relevance(claim, snapshot, scope).is_some()
 }
 
@@ -191,7 +195,10 @@ fn relevance(claim: &ResourceClaim, snapshot: &Snapshot, scope: DrainScope<'_>) 
 
 /// Pods that claims mattering to the node name but that are not in the
 /// snapshot yet: the reader fetches each (absent afterwards = gone).
-pub(crate) fn pods_to_look_up(snapshot: &Snapshot, scope: DrainScope<'_>) -> BTreeSet<(String, String)> {
+pub(crate) fn pods_to_look_up(
+    snapshot: &Snapshot,
+    scope: DrainScope<'_>,
+) -> BTreeSet<(String, String)> {
     snapshot
         .claims
         .iter()
@@ -202,7 +209,11 @@ pub(crate) fn pods_to_look_up(snapshot: &Snapshot, scope: DrainScope<'_>) -> BTr
 }
 
 /// The check itself.
-pub(crate) fn check(snapshot: &Snapshot, scope: DrainScope<'_>, now: Timestamp) -> DrainCheckReport {
+pub(crate) fn check(
+    snapshot: &Snapshot,
+    scope: DrainScope<'_>,
+    now: Timestamp,
+) -> DrainCheckReport {
     let mut report = DrainCheckReport::new(scope.node, scope.driver, now.to_string());
     let mut claims: Vec<(&ResourceClaim, bool)> = snapshot
         .claims

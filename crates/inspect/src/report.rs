@@ -341,7 +341,12 @@ impl DrainCheckReport {
     }
 
     /// A report that says only why the check could not be completed.
-    pub(crate) fn incomplete(node: &str, driver: Option<&str>, checked_at: String, error: String) -> Self {
+    pub(crate) fn incomplete(
+        node: &str,
+        driver: Option<&str>,
+        checked_at: String,
+        error: String,
+    ) -> Self {
         let mut report = DrainCheckReport::new(node, driver, checked_at);
         report.verdict = Verdict::Incomplete;
         report.error = Some(error);

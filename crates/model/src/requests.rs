@@ -147,7 +147,9 @@ pub(crate) fn containers_sum<'de, D: Deserializer<'de>>(d: D) -> Result<Resource
 }
 
 /// `spec.initContainers`, each kept.
-pub(crate) fn init_containers<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<InitRequests>, D::Error> {
+pub(crate) fn init_containers<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<InitRequests>, D::Error> {
     let containers = Option::<Vec<WireContainer>>::deserialize(d)?.unwrap_or_default();
     Ok(containers
         .into_iter()

@@ -93,8 +93,12 @@ impl Informer {
 
     /// As [`Informer::run`], with `config` (a [`watch_config`] narrowed by
     /// a selector, say).
-    pub(crate) async fn run_with<K>(&self, api: Api<K>, config: watcher::Config, handler: &impl Handler<K>)
-    where
+    pub(crate) async fn run_with<K>(
+        &self,
+        api: Api<K>,
+        config: watcher::Config,
+        handler: &impl Handler<K>,
+    ) where
         K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     {
         self.run_watch(api, config, handler, None).await

@@ -330,7 +330,8 @@ impl Frames {
 }
 
 /// A watch's events, whichever encoding they came in.
-pub(crate) type EventStream<K> = futures::stream::BoxStream<'static, Result<WatchEvent<K>, kube::Error>>;
+pub(crate) type EventStream<K> =
+    futures::stream::BoxStream<'static, Result<WatchEvent<K>, kube::Error>>;
 
 /// Whether an answer's content type is protobuf.
 pub fn is_protobuf(response: &http::Response<kube::client::Body>) -> bool {

@@ -39,7 +39,10 @@ pub enum Retry {
 
 /// The policy: `result` is the sync's outcome (`Some(delay)`: look again
 /// after it).
-pub(crate) fn retry_for(result: &Result<Option<Duration>, SyncError>, shutting_down: bool) -> Retry {
+pub(crate) fn retry_for(
+    result: &Result<Option<Duration>, SyncError>,
+    shutting_down: bool,
+) -> Retry {
     match result {
         Ok(None) => Retry::Forget,
         Ok(Some(delay)) => Retry::RecheckAfter(*delay),

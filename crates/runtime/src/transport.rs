@@ -451,7 +451,8 @@ where
 pub(crate) type ClientBody = DeadlineBody<hyper::body::Incoming>;
 
 /// The transport [`service`] builds, as the client's bottom layer.
-pub(crate) type ClientTransport = tower::util::BoxService<Request<Body>, Response<ClientBody>, BoxError>;
+pub(crate) type ClientTransport =
+    tower::util::BoxService<Request<Body>, Response<ClientBody>, BoxError>;
 
 /// The whole transport for `config`: connector, pooled client, deadlines,
 /// then what kube's own stack adds (base URI, authentication, the

@@ -24,7 +24,7 @@ use crate::runtime::error::{SyncError, kube_err, may_have_committed};
 use crate::runtime::store::object_key;
 
 /// Event reason for a claim the allocator could not allocate.
-pub const REASON_ALLOCATION_FAILED: &str = "FailedResourceClaimAllocation";
+pub(crate) const REASON_ALLOCATION_FAILED: &str = "FailedResourceClaimAllocation";
 /// Page size of the fresh claim read.
 const LIST_PAGE: u32 = 500;
 /// Claim orders tried for a pod with several claims to allocate (all
@@ -33,7 +33,7 @@ const MAX_ORDERS: usize = 24;
 
 /// How an attempt ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Attempt {
+pub(crate) enum Attempt {
     Allocated,
     /// Nothing left to allocate (allocated meanwhile, gone, being deleted).
     NothingToDo,
@@ -42,14 +42,14 @@ pub enum Attempt {
 }
 
 /// A claim of the pod to allocate, and whom to reserve it for.
-pub struct Wanted<'a> {
+pub(crate) struct Wanted<'a> {
     pub claim_name: &'a str,
     pub consumer: &'a ResourceClaimConsumerReference,
 }
 
 /// Allocates the pod's `wanted` claims together: either every one gets
 /// devices, or none is written.
-pub async fn allocate_for_pod(
+pub(crate) async fn allocate_for_pod(
     ctx: &Context,
     pod: &PodView,
     wanted: &[Wanted<'_>],
@@ -125,7 +125,7 @@ pub async fn allocate_for_pod(
 /// devices are not free for a later one); the first order's failure when
 /// none works: `(metric label, claim, reason)`.
 /// `gates`: the allocator reads DRAAdminAccess and DRAPrioritizedList.
-pub fn plan(
+pub(crate) fn plan(
     claims: &[&ResourceClaim],
     classes: &BTreeMap<String, Arc<DeviceClass>>,
     node: &str,
@@ -314,7 +314,7 @@ async fn list_claims(ctx: &Context) -> Result<Vec<ClaimView>, SyncError> {
 /// Tells the pod's kubelet that its devices are allocated, by setting
 /// [`crate::naming::DEVICES_ALLOCATED_ANNOTATION`]. Best effort: without
 /// it the kubelet still prepares, after its back-off.
-pub async fn wake_kubelet(ctx: &Context, pod: &PodView) {
+pub(crate) async fn wake_kubelet(ctx: &Context, pod: &PodView) {
     let api: Api<k8s_openapi::api::core::v1::Pod> =
         Api::namespaced(ctx.client.clone(), pod.namespace());
     let now = k8s_openapi::jiff::Timestamp::now()

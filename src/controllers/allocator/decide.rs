@@ -9,7 +9,7 @@ use crate::model::views::{ClaimView, PodGroupView, PodView};
 
 /// Why a pod is not the allocator's work (for the sync's log line).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NotMine {
+pub(crate) enum NotMine {
     Deleting,
     Done,
     /// Not on a node the admin declared with `--allocate-on-nodes`.
@@ -36,7 +36,7 @@ impl fmt::Display for NotMine {
 }
 
 /// What the allocator reads about the cluster, from its stores.
-pub struct Lookup<'a> {
+pub(crate) struct Lookup<'a> {
     /// Whether the admin declared the node.
     pub is_declared: &'a dyn Fn(&str) -> bool,
     /// The pod's PodGroup, when PodGroups are served and the pod names one
@@ -48,7 +48,10 @@ pub struct Lookup<'a> {
 
 /// The claims of `pod` to allocate on its node, with whom to reserve each
 /// for; or why there are none.
-pub fn claims_to_allocate(pod: &PodView, lookup: &Lookup<'_>) -> Result<Vec<Unreserved>, NotMine> {
+pub(crate) fn claims_to_allocate(
+    pod: &PodView,
+    lookup: &Lookup<'_>,
+) -> Result<Vec<Unreserved>, NotMine> {
     if pod.is_deleting() {
         return Err(NotMine::Deleting);
     }

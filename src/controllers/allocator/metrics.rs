@@ -34,7 +34,7 @@ impl AllocatorMetrics {
     }
 
     /// Counts one attempt under `result`.
-    pub fn record_allocation(&self, result: &str) {
+    pub(crate) fn record_allocation(&self, result: &str) {
         if let Some(c) = &self.attempts {
             c.with_label_values(&[result]).inc();
         }

@@ -15,10 +15,10 @@
 //! The pod, claim and PodGroup stores are the claim controller's, handed
 //! over by `app.rs`, which also makes this controller their observer.
 
-pub mod attempt;
-pub mod decide;
-pub mod metrics;
-pub mod state;
+pub(crate) mod attempt;
+pub(crate) mod decide;
+pub(crate) mod metrics;
+pub(crate) mod state;
 mod watches;
 
 use std::sync::Arc;
@@ -43,11 +43,11 @@ use metrics::AllocatorMetrics;
 use state::Allocation;
 
 /// The queue's name (`workqueue_*{name="dra_allocator"}`).
-pub const QUEUE_NAME: &str = "dra_allocator";
+pub(crate) const QUEUE_NAME: &str = "dra_allocator";
 
 /// How often a pod waiting for devices is looked at again when nothing
 /// woke it (slice, class and claim changes do).
-pub const RECHECK_WAITING: Duration = Duration::from_secs(60);
+pub(crate) const RECHECK_WAITING: Duration = Duration::from_secs(60);
 
 /// What the claim controller shares with the allocator.
 pub struct SharedStores {
@@ -138,7 +138,7 @@ impl Controller {
 
     /// Called when this replica becomes leader: from now on events enqueue
     /// work, and every pod that needs an allocation now is queued.
-    pub fn start_leading(&self) {
+    pub(crate) fn start_leading(&self) {
         self.leading.store(true, Ordering::Release);
         let queued = self.sweep();
         info!(
@@ -166,7 +166,7 @@ impl Controller {
     /// Looks every cached pod over again at a random period between
     /// `min_period` and twice that (the claim controller's resync does the
     /// same for its own work).
-    pub async fn run_resync(self: Arc<Self>, min_period: Duration) {
+    pub(crate) async fn run_resync(self: Arc<Self>, min_period: Duration) {
         use rand::Rng;
         let min_period = min_period.max(Duration::from_secs(1));
         loop {
@@ -214,7 +214,7 @@ impl Controller {
 
     /// Runs the one worker until the queue is shut down: attempts never
     /// overlap, so each sees the writes of the one before.
-    pub async fn run_worker(self: Arc<Self>) {
+    pub(crate) async fn run_worker(self: Arc<Self>) {
         loop {
             self.ctx.reachability.wait_reachable().await;
             let Some(key) = self.queue.get().await else {

@@ -64,13 +64,13 @@ impl Allocation {
     }
 
     /// Whether the admin handed `node` to us (it matches the selector).
-    pub fn is_declared(&self, node: &str) -> bool {
+    pub(crate) fn is_declared(&self, node: &str) -> bool {
         self.nodes.get(node).is_some()
     }
 
     /// Records devices about to be written to the claim with `uid`, by a
     /// patch guarded by `version`.
-    pub fn note_written(&self, uid: &str, version: &str, devices: Vec<DeviceId>) {
+    pub(crate) fn note_written(&self, uid: &str, version: &str, devices: Vec<DeviceId>) {
         self.written
             .lock()
             .unwrap()
@@ -79,13 +79,13 @@ impl Allocation {
 
     /// The write for `uid` surely did not commit, or its claim is gone, or
     /// the claim as read shows what it holds: forget it.
-    pub fn forget_written(&self, uid: &str) {
+    pub(crate) fn forget_written(&self, uid: &str) {
         self.written.lock().unwrap().remove(uid);
     }
 
     /// A relist of the claims: writes whose claim is gone are forgotten, the
     /// others are checked as [`Allocation::claim_seen`] does.
-    pub fn claims_relisted(&self, claims: &[Arc<ClaimView>]) {
+    pub(crate) fn claims_relisted(&self, claims: &[Arc<ClaimView>]) {
         let by_uid: HashMap<&str, &ClaimView> = claims.iter().map(|c| (c.uid(), &**c)).collect();
         let uids: Vec<String> = self.written.lock().unwrap().keys().cloned().collect();
         for uid in uids {
@@ -112,7 +112,7 @@ impl Allocation {
     /// The claim as just read from the API server: once its version moved
     /// past the one our write was guarded by, that write either landed
     /// (and the claim shows it) or can never land.
-    pub fn claim_read(&self, claim: &k8s_openapi::api::resource::v1::ResourceClaim) {
+    pub(crate) fn claim_read(&self, claim: &k8s_openapi::api::resource::v1::ResourceClaim) {
         let uid = claim.metadata.uid.as_deref().unwrap_or_default();
         let mut written = self.written.lock().unwrap();
         if written
@@ -158,12 +158,12 @@ impl Allocation {
         previous.is_none_or(|p| p.told != message)
     }
 
-    pub fn stop_waiting(&self, key: &str) {
+    pub(crate) fn stop_waiting(&self, key: &str) {
         self.waiting.lock().unwrap().remove(key);
     }
 
     /// Keys of the pods waiting on `node` (`None`: on any node).
-    pub fn waiting_on(&self, node: Option<&str>) -> Vec<String> {
+    pub(crate) fn waiting_on(&self, node: Option<&str>) -> Vec<String> {
         self.waiting
             .lock()
             .unwrap()

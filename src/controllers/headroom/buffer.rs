@@ -17,15 +17,15 @@ use crate::naming::{PLACEHOLDER_GATE, WATERMARK_ENTRY_LABEL, WATERMARK_LABEL};
 use crate::runtime::resource::view_accessors;
 
 /// Our provisioning strategy: the autoscaler leaves such buffers to us.
-pub const STRATEGY: &str = "dra-claim-controller.io/placeholder-pods";
+pub(crate) const STRATEGY: &str = "dra-claim-controller.io/placeholder-pods";
 pub const GROUP: &str = "autoscaling.x-k8s.io";
 /// Newest first: the one the cluster serves is used.
 pub const VERSIONS: [&str; 2] = ["v1beta1", "v1alpha1"];
-pub const KIND: &str = "CapacityBuffer";
+pub(crate) const KIND: &str = "CapacityBuffer";
 pub const PLURAL: &str = "capacitybuffers";
 /// The watermark entry label of a buffer's placeholders: they are device
 /// placeholders for the yield when their pods have claims.
-pub const BUFFER_ENTRY: &str = "capacitybuffer";
+pub(crate) const BUFFER_ENTRY: &str = "capacitybuffer";
 
 /// A CapacityBuffer as read (any served version: the fields read are the
 /// same in v1alpha1 and v1beta1).
@@ -111,7 +111,7 @@ impl kube::Resource for BufferView {
 impl BufferSpec {
     /// Whether the buffer asks for our strategy (the autoscaler acts only
     /// on its own, `buffer.x-k8s.io/active-capacity` or empty).
-    pub fn is_ours(&self) -> bool {
+    pub(crate) fn is_ours(&self) -> bool {
         self.provisioning_strategy.as_deref() == Some(STRATEGY)
     }
 
@@ -129,7 +129,7 @@ impl BufferSpec {
 /// scalable object's replicas (rounded up), whichever are set; capped by
 /// `limits` (how many pods of these requests fit, per resource both name,
 /// rounded down); only `limits`: that many.
-pub fn buffer_replicas(
+pub(crate) fn buffer_replicas(
     replicas: Option<i32>,
     percentage: Option<i32>,
     scalable_replicas: Option<i32>,
@@ -171,7 +171,7 @@ fn pods_within(limits: &ResourceList, requests: &ResourceList) -> Result<i64, St
 
 /// The label value naming a buffer on its placeholders (a label value
 /// holds at most 63 characters; `cb.` keeps it apart from watermarks).
-pub fn placeholder_label(buffer: &str) -> String {
+pub(crate) fn placeholder_label(buffer: &str) -> String {
     let mut v = format!("cb.{buffer}");
     v.truncate(63);
     v.trim_end_matches(['-', '.', '_']).to_string()
@@ -184,7 +184,7 @@ pub fn placeholder_label(buffer: &str) -> String {
 /// (each container becomes the pause image, no init containers, volumes or
 /// service account). The placeholders' priority class, and with claims the
 /// yield's scheduling gate, as device placeholders have.
-pub fn placeholder_pod(template_spec: &Value, buffer: &str) -> Value {
+pub(crate) fn placeholder_pod(template_spec: &Value, buffer: &str) -> Value {
     let keep = [
         "nodeSelector",
         "affinity",
@@ -270,7 +270,7 @@ pub fn deployment(buffer: &BufferView, api_version: &str, pod: Value, replicas: 
 
 /// The buffer's status after a sync, in the autoscaler's terms:
 /// `ReadyForProvisioning` and `Provisioning`, `replicas`, the strategy.
-pub fn status_patch(
+pub(crate) fn status_patch(
     old: &[Condition],
     outcome: Result<u32, &str>,
     generation: Option<i64>,

@@ -19,7 +19,7 @@ use super::buffer::BufferSpec;
 
 /// A kind a buffer's pod shape is read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum SourceKind {
+pub(crate) enum SourceKind {
     PodTemplate,
     Deployment,
     ReplicaSet,
@@ -47,13 +47,13 @@ impl SourceKind {
         }
     }
 
-    pub fn resource(self) -> ApiResource {
+    pub(crate) fn resource(self) -> ApiResource {
         let (group, kind, plural) = self.names();
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1", kind), plural)
     }
 
     /// Where the pod template's `spec` is in the object.
-    pub fn template_spec(self, object: &serde_json::Value) -> serde_json::Value {
+    pub(crate) fn template_spec(self, object: &serde_json::Value) -> serde_json::Value {
         match self {
             SourceKind::PodTemplate => object["template"]["spec"].clone(),
             _ => object["spec"]["template"]["spec"].clone(),
@@ -61,7 +61,7 @@ impl SourceKind {
     }
 
     /// The replicas of a scalable object (a Job's parallelism).
-    pub fn replicas(self, object: &serde_json::Value) -> Option<i32> {
+    pub(crate) fn replicas(self, object: &serde_json::Value) -> Option<i32> {
         let field = match self {
             SourceKind::PodTemplate => return None,
             SourceKind::Job => "parallelism",
@@ -85,7 +85,7 @@ impl SourceKind {
 
 /// The object a buffer's pod shape is read from: its kind and name (in the
 /// buffer's namespace), or why the spec names none the controller reads.
-pub fn source_of(spec: &BufferSpec) -> Result<(SourceKind, &str), String> {
+pub(crate) fn source_of(spec: &BufferSpec) -> Result<(SourceKind, &str), String> {
     if let Some(template) = &spec.pod_template_ref {
         return Ok((SourceKind::PodTemplate, template.name.as_str()));
     }
@@ -111,7 +111,7 @@ pub fn source_of(spec: &BufferSpec) -> Result<(SourceKind, &str), String> {
 
 /// Any object's metadata: all a source watch reads.
 #[derive(Debug, Clone, Deserialize)]
-pub struct SourceView {
+pub(crate) struct SourceView {
     pub metadata: ObjectMeta,
 }
 

@@ -33,7 +33,7 @@ use crate::workqueue::WorkQueue;
 use serde_json::Value;
 
 /// The queue's name (`workqueue_*{name="dra_headroom"}`).
-pub const QUEUE_NAME: &str = "dra_headroom";
+pub(crate) const QUEUE_NAME: &str = "dra_headroom";
 /// Field manager of the placeholders' objects and of the status.
 pub const FIELD_MANAGER: &str = "dra-claim-controller-headroom";
 
@@ -221,7 +221,7 @@ pub(super) const BUFFER_KEY_PREFIX: &str = "buffer:";
 /// Queue keys of the seed operator's watermarks carry this prefix.
 pub(super) const SEED_KEY_PREFIX: &str = "seed:";
 /// The source of the yield's events.
-pub const EVENT_COMPONENT: &str = "dra-claim-controller-headroom";
+pub(crate) const EVENT_COMPONENT: &str = "dra-claim-controller-headroom";
 
 impl Controller {
     /// A headroom controller; `yield_enabled` is `--headroom-yield`, `gates`
@@ -293,7 +293,7 @@ impl Controller {
     }
 
     /// From now on events enqueue work; every watermark is queued.
-    pub fn start_leading(&self) {
+    pub(crate) fn start_leading(&self) {
         self.leading.store(true, Ordering::Release);
         self.enqueue_all();
         self.enqueue_buffers();
@@ -345,7 +345,7 @@ impl Controller {
 
     /// The one worker: syncs never overlap. Held while the API server is
     /// unreachable; retries by the kind of failure (`runtime::retry`).
-    pub async fn run_worker(self: Arc<Self>) {
+    pub(crate) async fn run_worker(self: Arc<Self>) {
         loop {
             self.reachability.wait_reachable().await;
             let Some(key) = self.queue.get().await else {

@@ -7,30 +7,30 @@ use super::watermark::{CpuMemoryEntry, DeviceEntrySpec, GROUP, KIND, Placement, 
 use crate::naming::{WATERMARK_ENTRY_LABEL as ENTRY_LABEL, WATERMARK_LABEL};
 
 /// The CPU/memory entry's name in labels, Deployment names and metrics.
-pub const CPU_MEMORY_ENTRY: &str = "cpu";
+pub(crate) const CPU_MEMORY_ENTRY: &str = "cpu";
 
 /// The watermark that owns the objects.
 #[derive(Debug, Clone, Copy)]
-pub struct Owner<'a> {
+pub(crate) struct Owner<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
     pub uid: &'a str,
 }
 
 /// `<watermark>-<entry>`: the Deployment of an entry's placeholders.
-pub fn deployment_name(watermark: &str, entry: &str) -> String {
+pub(crate) fn deployment_name(watermark: &str, entry: &str) -> String {
     format!("{watermark}-{entry}")
 }
 
 /// The name of the claim entry in a device placeholder's pod, and of the
 /// request in its claim template.
-pub const DEVICES_CLAIM: &str = "devices";
+pub(crate) const DEVICES_CLAIM: &str = "devices";
 
 /// Scheduling gate every device placeholder is created with. A placeholder
 /// recreated after a yield would otherwise race the pod it yielded to for
 /// the devices just freed (the scheduler takes whichever pod comes first);
 /// the controller lifts the gate once no yield is in flight.
-pub use crate::naming::PLACEHOLDER_GATE;
+pub(crate) use crate::naming::PLACEHOLDER_GATE;
 
 fn labels(owner: Owner<'_>, entry: &str) -> Value {
     json!({WATERMARK_LABEL: owner.name, ENTRY_LABEL: entry})
@@ -75,7 +75,7 @@ fn placeholder_deployment(owner: Owner<'_>, entry: &str, replicas: u32, pod: Val
 }
 
 /// The Deployment of the CPU/memory placeholders, at `replicas`.
-pub fn cpu_memory_deployment(
+pub(crate) fn cpu_memory_deployment(
     owner: Owner<'_>,
     placement: &Placement,
     entry: &CpuMemoryEntry,
@@ -90,7 +90,7 @@ pub fn cpu_memory_deployment(
 /// devices of the class, with the entry's selectors. Our claim controller
 /// makes each placeholder's claim from it, like any pod's, which is what
 /// lets an autoscaler simulate the placeholders.
-pub fn device_claim_template(owner: Owner<'_>, entry: &DeviceEntrySpec) -> Value {
+pub(crate) fn device_claim_template(owner: Owner<'_>, entry: &DeviceEntrySpec) -> Value {
     let mut exactly = json!({
         "deviceClassName": entry.device_class_name,
         "allocationMode": "ExactCount",
@@ -112,7 +112,7 @@ pub fn device_claim_template(owner: Owner<'_>, entry: &DeviceEntrySpec) -> Value
 
 /// The Deployment of a device entry's placeholders: each claims the
 /// entry's devices through its template and requests nothing else.
-pub fn device_deployment(
+pub(crate) fn device_deployment(
     owner: Owner<'_>,
     placement: &Placement,
     entry: &DeviceEntrySpec,

@@ -15,14 +15,14 @@ use crate::model::DeviceId;
 use crate::model::views::ClaimView;
 
 /// An entry's device filter: the class's selectors, then the entry's.
-pub struct EntryDevices {
+pub(crate) struct EntryDevices {
     selectors: Vec<Selector>,
 }
 
 /// Compiles entry `index` against the cluster's classes; an unknown class
 /// or a selector that does not compile is the entry's `Invalid` message,
 /// naming the field.
-pub fn entry_devices(
+pub(crate) fn entry_devices(
     index: usize,
     entry: &DeviceEntrySpec,
     classes: &BTreeMap<String, Arc<DeviceClass>>,
@@ -76,7 +76,7 @@ impl EntryDevices {
 
 /// Who a claim's devices are for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Consumer {
+pub(crate) enum Consumer {
     /// A pod that counts as workload.
     Workload,
     /// A placeholder of (watermark key `namespace/name`, entry).
@@ -85,7 +85,7 @@ pub enum Consumer {
 
 /// Each allocated device with the consumer of its claim; a claim reserved
 /// for no pod that `consumer_of` knows is left out.
-pub fn device_consumers(
+pub(crate) fn device_consumers(
     claims: &[Arc<ClaimView>],
     consumer_of: impl Fn(&str) -> Option<Consumer>,
 ) -> HashMap<DeviceId, Consumer> {
@@ -109,7 +109,7 @@ pub fn device_consumers(
 
 /// Devices of an entry on the selected nodes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DeviceCount {
+pub(crate) struct DeviceCount {
     pub total: u32,
     /// Allocated to workload pods.
     pub in_use: u32,
@@ -118,7 +118,7 @@ pub struct DeviceCount {
 }
 
 /// Counts the devices `entry` selects on `nodes`.
-pub fn count_devices(
+pub(crate) fn count_devices(
     entry: &EntryDevices,
     placeholder_of: &Consumer,
     nodes: &[String],

@@ -18,32 +18,32 @@
 //! and its metrics (`metrics.rs`).
 
 pub mod buffer;
-pub mod buffer_sources;
+pub(crate) mod buffer_sources;
 mod buffer_sync;
 #[cfg(test)]
 mod buffer_tests;
 pub mod controller;
-pub mod desired;
-pub mod devices;
+pub(crate) mod desired;
+pub(crate) mod devices;
 mod doors;
 mod execute;
 #[cfg(test)]
 mod execute_tests;
 mod metrics;
-pub mod plan;
+pub(crate) mod plan;
 #[cfg(test)]
 mod plan_tests;
 pub mod seed;
 mod seed_sync;
 #[cfg(test)]
 mod seed_tests;
-pub mod sizing;
+pub(crate) mod sizing;
 mod source_watches;
-pub mod status;
-pub mod usage;
+pub(crate) mod status;
+pub(crate) mod usage;
 mod watches;
 pub mod watermark;
-pub mod yield_choice;
+pub(crate) mod yield_choice;
 #[cfg(test)]
 mod yield_choice_tests;
 mod yielding;

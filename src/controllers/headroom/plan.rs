@@ -25,7 +25,7 @@ use crate::runtime::store::object_key;
 
 /// The stores as one sync reads them.
 #[derive(Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub nodes: Vec<Arc<NodeView>>,
     pub pods: Vec<Arc<PodView>>,
     pub classes: Vec<Arc<DeviceClass>>,
@@ -35,7 +35,7 @@ pub struct Snapshot {
 
 /// What a watermark wants.
 #[derive(Debug)]
-pub struct Plan {
+pub(crate) struct Plan {
     pub observed: Observed,
     /// Server-side apply bodies, templates before the Deployments that
     /// name them.
@@ -45,7 +45,7 @@ pub struct Plan {
 impl Snapshot {
     /// What the watermark `key` wants now: the status and the objects
     /// (templates before the Deployments that name them).
-    pub fn plan(&self, key: &str, wm: &WatermarkView) -> Result<Plan, SyncError> {
+    pub(crate) fn plan(&self, key: &str, wm: &WatermarkView) -> Result<Plan, SyncError> {
         let settled = wm.spec.settle();
         let mut nodes: Vec<String> = self
             .nodes

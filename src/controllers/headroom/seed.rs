@@ -23,29 +23,29 @@ use crate::runtime::resource::{view_accessors, view_resource};
 
 pub const GROUP: &str = "redhatcop.redhat.io";
 pub const VERSION: &str = "v1alpha1";
-pub const KIND: &str = "NodeScalingWatermark";
+pub(crate) const KIND: &str = "NodeScalingWatermark";
 pub const PLURAL: &str = "nodescalingwatermarks";
 
 /// The seed's defaults (its CRD applies them; repeated here for objects
 /// written before the CRD had them).
-pub const DEFAULT_NODE_SELECTOR: (&str, &str) = ("node-role.kubernetes.io/worker", "");
+pub(crate) const DEFAULT_NODE_SELECTOR: (&str, &str) = ("node-role.kubernetes.io/worker", "");
 pub const DEFAULT_PRIORITY_CLASS: &str = "proactive-node-autoscaling-pods";
 /// The seed's default image, `k8s.gcr.io/pause`, is in a frozen registry:
 /// it is read as the current pause image.
-pub const FROZEN_DEFAULT_IMAGE: &str = "k8s.gcr.io/pause";
+pub(crate) const FROZEN_DEFAULT_IMAGE: &str = "k8s.gcr.io/pause";
 
 /// The label key of the seed's Deployments and placeholder pods (value: the
 /// watermark's name).
-pub const SEED_WATERMARK_NAME_LABEL: &str = "watermark";
+pub(crate) const SEED_WATERMARK_NAME_LABEL: &str = "watermark";
 
 /// Resources a pod may request without a limit.
 const OVERCOMMITTABLE: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
 
 /// The seed's condition types and reasons (its spelling, kept).
-pub const RECONCILE_SUCCESS: &str = "ReconcileSuccess";
-pub const RECONCILE_ERROR: &str = "ReconcileError";
-pub const REASON_SUCCEEDED: &str = "LastReconcileCycleSucceded";
-pub const REASON_FAILED: &str = "LastReconcileCycleFailed";
+pub(crate) const RECONCILE_SUCCESS: &str = "ReconcileSuccess";
+pub(crate) const RECONCILE_ERROR: &str = "ReconcileError";
+pub(crate) const REASON_SUCCEEDED: &str = "LastReconcileCycleSucceded";
+pub(crate) const REASON_FAILED: &str = "LastReconcileCycleFailed";
 
 /// A seed `NodeScalingWatermark` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -101,7 +101,7 @@ impl SeedSpec {
     /// wrong with it. A zero or negative size would divide by zero or make
     /// a negative count (the seed then fails on a rejected write): here it
     /// is refused, naming the key.
-    pub fn pause_pod_size(&self) -> Result<BTreeMap<String, String>, String> {
+    pub(crate) fn pause_pod_size(&self) -> Result<BTreeMap<String, String>, String> {
         let Some(size) = &self.pause_pod_size else {
             return Ok(BTreeMap::from([
                 ("cpu".to_string(), "200m".to_string()),
@@ -150,7 +150,7 @@ pub fn counts(pod: &PodView, selected: impl Fn(&str) -> bool) -> bool {
 }
 
 /// The nodes a seed watermark selects: every label of its selector, exactly.
-pub fn selected_nodes<'a>(
+pub(crate) fn selected_nodes<'a>(
     spec: &SeedSpec,
     nodes: impl IntoIterator<Item = &'a NodeView>,
 ) -> Vec<String> {

@@ -27,7 +27,7 @@ impl Bounds {
 
 /// ceil(`in_use` × `percentage` / 100 / `per_placeholder`), bounded. A
 /// placeholder of size zero holds nothing: only the bounds apply.
-pub fn placeholders(
+pub(crate) fn placeholders(
     in_use: Quantity,
     percentage: u32,
     per_placeholder: Quantity,
@@ -52,7 +52,7 @@ fn raw_placeholders(in_use: Quantity, percentage: u32, per_placeholder: Quantity
 /// pod names: device-plugin GPUs, hugepages, ephemeral storage): the
 /// largest count over the resources of `pause` (a resource the pause pod
 /// does not request does not size it).
-pub fn resource_placeholders(
+pub(crate) fn resource_placeholders(
     in_use: &ResourceList,
     percentage: u32,
     pause: &ResourceList,

@@ -8,7 +8,7 @@ use super::watermark::Condition;
 
 /// What one sync found for one entry (`cpu` or a device entry).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EntryObserved {
+pub(crate) struct EntryObserved {
     pub name: String,
     /// Device entries only.
     pub devices: Option<DeviceCount>,
@@ -23,7 +23,7 @@ pub struct EntryObserved {
 
 /// What one sync found for a watermark.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Observed {
+pub(crate) struct Observed {
     pub generation: Option<i64>,
     pub entries: Vec<EntryObserved>,
     /// Placeholders released by yields, ever (kept in the status).
@@ -34,13 +34,13 @@ impl Observed {
     fn total(&self, of: impl Fn(&EntryObserved) -> u32) -> u32 {
         self.entries.iter().map(of).sum()
     }
-    pub fn desired(&self) -> u32 {
+    pub(crate) fn desired(&self) -> u32 {
         self.total(|e| e.desired)
     }
-    pub fn ready(&self) -> u32 {
+    pub(crate) fn ready(&self) -> u32 {
         self.total(|e| e.ready)
     }
-    pub fn pending(&self) -> u32 {
+    pub(crate) fn pending(&self) -> u32 {
         self.total(|e| e.pending)
     }
     fn invalid(&self) -> Vec<&str> {
@@ -71,7 +71,7 @@ fn condition(
 /// `Ready`, `ScaleUpPending` and `Invalid`, without transition times (see
 /// `watermark::carry_transitions`). An invalid entry makes the watermark
 /// `Invalid` and not `Ready`; the other entries are still served.
-pub fn conditions(o: &Observed) -> Vec<Condition> {
+pub(crate) fn conditions(o: &Observed) -> Vec<Condition> {
     let g = o.generation;
     let invalid = o.invalid();
     let (desired, ready_count, pending) = (o.desired(), o.ready(), o.pending());
@@ -117,7 +117,7 @@ pub fn conditions(o: &Observed) -> Vec<Condition> {
 }
 
 /// The body of a merge patch of the status subresource.
-pub fn status_patch(o: &Observed, conditions: &[Condition]) -> Value {
+pub(crate) fn status_patch(o: &Observed, conditions: &[Condition]) -> Value {
     let entries: Vec<Value> = o
         .entries
         .iter()

@@ -8,7 +8,7 @@ use crate::model::views::PodView;
 /// Waits for devices as the headroom yield understands it: unbound, found
 /// unschedulable by kube-scheduler, with claims, not a placeholder, of a
 /// priority above `placeholder_priority`.
-pub fn waits_for_devices(pod: &PodView, placeholder_priority: i32) -> bool {
+pub(crate) fn waits_for_devices(pod: &PodView, placeholder_priority: i32) -> bool {
     pod.is_unbound()
         && pod.status.scheduling.unschedulable
         && !pod.spec.resource_claims.is_empty()
@@ -19,7 +19,7 @@ pub fn waits_for_devices(pod: &PodView, placeholder_priority: i32) -> bool {
 /// Whether the pod counts as workload on the nodes `selected` accepts:
 /// bound there, not terminal, not being deleted, not a placeholder (ours
 /// or the seed operator's), outside the `kube-*` namespaces.
-pub fn is_workload(pod: &PodView, selected: impl Fn(&str) -> bool) -> bool {
+pub(crate) fn is_workload(pod: &PodView, selected: impl Fn(&str) -> bool) -> bool {
     pod.holds_node()
         && pod.node_name().is_some_and(selected)
         && !pod.is_placeholder()
@@ -27,7 +27,7 @@ pub fn is_workload(pod: &PodView, selected: impl Fn(&str) -> bool) -> bool {
 }
 
 /// What the workload pods among `pods` request, per resource.
-pub fn workload_requests<'a>(
+pub(crate) fn workload_requests<'a>(
     pods: impl IntoIterator<Item = &'a PodView>,
     selected: impl Fn(&str) -> bool + Copy,
 ) -> ResourceList {

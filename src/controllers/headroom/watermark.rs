@@ -15,15 +15,15 @@ use crate::model::requests::{ResourceList, parse_list, written_list};
 
 pub const GROUP: &str = "dra-claim-controller.io";
 pub const VERSION: &str = "v1alpha1";
-pub const KIND: &str = "NodeScalingWatermark";
+pub(crate) const KIND: &str = "NodeScalingWatermark";
 pub const PLURAL: &str = "nodescalingwatermarks";
 
 /// Defaults of the seed operator, kept so that its users change only the
 /// apiVersion.
-pub const DEFAULT_NODE_SELECTOR: (&str, &str) = ("node-role.kubernetes.io/worker", "");
-pub const DEFAULT_PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
-pub const DEFAULT_PAUSE_CPU: &str = "200m";
-pub const DEFAULT_PAUSE_MEMORY: &str = "200Mi";
+pub(crate) const DEFAULT_NODE_SELECTOR: (&str, &str) = ("node-role.kubernetes.io/worker", "");
+pub(crate) const DEFAULT_PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
+pub(crate) const DEFAULT_PAUSE_CPU: &str = "200m";
+pub(crate) const DEFAULT_PAUSE_MEMORY: &str = "200Mi";
 /// The chart's PriorityClass for placeholders (value -1, never preempts).
 pub const DEFAULT_PRIORITY_CLASS: &str = "dra-headroom";
 
@@ -77,7 +77,11 @@ view_accessors!(WatermarkView);
 
 /// Conditions for a new status: each keeps its transition time when its
 /// status did not change since `old`, else takes `now`.
-pub fn carry_transitions(old: &[Condition], mut new: Vec<Condition>, now: &str) -> Vec<Condition> {
+pub(crate) fn carry_transitions(
+    old: &[Condition],
+    mut new: Vec<Condition>,
+    now: &str,
+) -> Vec<Condition> {
     for c in &mut new {
         c.last_transition_time = old
             .iter()

@@ -21,7 +21,7 @@ const EXHAUSTIVE_UP_TO: usize = 12;
 
 /// What the waiting pod asks of a node.
 #[derive(Debug, Default)]
-pub struct WaitingPod<'a> {
+pub(crate) struct WaitingPod<'a> {
     /// Its claims that are not allocated yet.
     pub claims: Vec<&'a ResourceClaim>,
     pub node_selector: BTreeMap<String, String>,
@@ -31,7 +31,7 @@ pub struct WaitingPod<'a> {
 
 /// A device placeholder running on a node, and the devices its claim holds.
 #[derive(Debug, Clone)]
-pub struct Placeholder {
+pub(crate) struct Placeholder {
     /// `namespace/name` of the placeholder pod.
     pub pod: String,
     pub devices: Vec<DeviceId>,
@@ -39,7 +39,7 @@ pub struct Placeholder {
 
 /// A selected node as the yield sees it.
 #[derive(Debug)]
-pub struct CandidateNode<'a> {
+pub(crate) struct CandidateNode<'a> {
     pub name: &'a str,
     pub labels: &'a BTreeMap<String, String>,
     pub taints: &'a [Taint],
@@ -51,7 +51,7 @@ pub struct CandidateNode<'a> {
 
 /// The chosen yield.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Yield {
+pub(crate) struct Yield {
     pub node: String,
     /// `namespace/name` of the placeholders to delete.
     pub placeholders: Vec<String>,
@@ -59,12 +59,12 @@ pub struct Yield {
 
 /// Feature gates the allocation must respect (`--feature-gates`; the
 /// allocator reads DRAAdminAccess and DRAPrioritizedList).
-pub use crate::model::features::FeatureGates as Gates;
+pub(crate) use crate::model::features::FeatureGates as Gates;
 
 /// The fewest placeholders to release, on the first node (by name) that
 /// needs the fewest; `None` when no node fits or the pod fits without a
 /// yield (then the scheduler needs no help).
-pub fn choose_yield(
+pub(crate) fn choose_yield(
     pod: &WaitingPod<'_>,
     nodes: &[CandidateNode<'_>],
     classes: &BTreeMap<String, Arc<DeviceClass>>,
@@ -197,7 +197,7 @@ fn allocates(
 
 /// The pod's node selector, required node affinity and taints against the
 /// node, as kube-scheduler's filters judge them.
-pub fn node_fits(pod: &WaitingPod<'_>, node: &CandidateNode<'_>) -> bool {
+pub(crate) fn node_fits(pod: &WaitingPod<'_>, node: &CandidateNode<'_>) -> bool {
     let selector = pod
         .node_selector
         .iter()
@@ -263,7 +263,7 @@ fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
 /// held again by a claim other than the released placeholders' own. Then
 /// the pod it was made for needs another (the scheduler gave them to
 /// whichever waiting pod came first).
-pub fn yield_spent_elsewhere(
+pub(crate) fn yield_spent_elsewhere(
     freed: &HashSet<DeviceId>,
     held_by_others: &HashSet<DeviceId>,
 ) -> bool {
@@ -275,7 +275,7 @@ pub fn yield_spent_elsewhere(
 /// are its own, so no placeholder may compete for them. `promises`: per
 /// yield, the time since it and whether its pod still waits (exists with
 /// the same UID, unbound, not deleting). `None`: lift the gates now.
-pub fn gate_hold(
+pub(crate) fn gate_hold(
     promises: impl IntoIterator<Item = (std::time::Duration, bool)>,
     hold: std::time::Duration,
 ) -> Option<std::time::Duration> {

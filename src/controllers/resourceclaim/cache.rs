@@ -96,19 +96,19 @@ impl Caches {
     /// Whether a cached pod waits to be scheduled (not done, not being
     /// deleted, on no node yet): then releasing devices is on a pod's path
     /// to start, and claim cleanup is start-up work at the client's budget.
-    pub fn pods_wait_to_start(&self) -> bool {
+    pub(crate) fn pods_wait_to_start(&self) -> bool {
         self.pods.index_len(PODS_WAITING, WAITING) > 0
     }
 
     /// Caches that know the nodes whose claims the allocator allocates.
-    pub fn with_allocator_nodes(mut self, nodes: Arc<Store<NodeView>>) -> Self {
+    pub(crate) fn with_allocator_nodes(mut self, nodes: Arc<Store<NodeView>>) -> Self {
         self.allocator_nodes = Some(nodes);
         self
     }
 
     /// Whether the allocator for declared nodes will allocate `claim` for a
     /// pod pre-scheduled onto `node` (it takes no claim being deleted).
-    pub fn allocated_elsewhere(&self, node: &str, claim: &ClaimView) -> bool {
+    pub(crate) fn allocated_elsewhere(&self, node: &str, claim: &ClaimView) -> bool {
         !claim.is_deleting()
             && self
                 .allocator_nodes
@@ -118,7 +118,7 @@ impl Caches {
 
     /// Caches for a controller that serves PodGroup claims, PodGroups read
     /// at `api`.
-    pub fn with_pod_groups(api: PodGroupApi) -> Self {
+    pub(crate) fn with_pod_groups(api: PodGroupApi) -> Self {
         Caches {
             pod_group_api: Some(api),
             group_claims: true,
@@ -129,7 +129,7 @@ impl Caches {
     /// Caches for a controller that reads PodGroups at `api` (to know a
     /// member pod's group) without serving their claims (1.37 with
     /// GenericWorkload on and DRAWorkloadResourceClaims off).
-    pub fn reading_pod_groups(api: PodGroupApi) -> Self {
+    pub(crate) fn reading_pod_groups(api: PodGroupApi) -> Self {
         Caches {
             pod_group_api: Some(api),
             ..Caches::new()
@@ -137,22 +137,22 @@ impl Caches {
     }
 
     /// Whether PodGroups are watched and cached.
-    pub fn pod_groups_enabled(&self) -> bool {
+    pub(crate) fn pod_groups_enabled(&self) -> bool {
         self.pod_group_api.is_some()
     }
 
     /// Whether PodGroup claims are served (DRAWorkloadResourceClaims).
-    pub fn group_claims_enabled(&self) -> bool {
+    pub(crate) fn group_claims_enabled(&self) -> bool {
         self.group_claims
     }
 
-    pub fn pod_group_api(&self) -> Option<&PodGroupApi> {
+    pub(crate) fn pod_group_api(&self) -> Option<&PodGroupApi> {
         self.pod_group_api.as_ref()
     }
 
     /// The cached PodGroup a pod belongs to, when PodGroups are served and
     /// the pod names one: `Some(Err(name))` when it is not cached.
-    pub fn pod_group_of(&self, pod: &PodView) -> Option<Result<Arc<PodGroupView>, String>> {
+    pub(crate) fn pod_group_of(&self, pod: &PodView) -> Option<Result<Arc<PodGroupView>, String>> {
         if !self.pod_groups_enabled() {
             return None;
         }
@@ -164,7 +164,7 @@ impl Caches {
         )
     }
 
-    pub fn mark_synced(&self) {
+    pub(crate) fn mark_synced(&self) {
         self.synced.store(true, Ordering::Release);
     }
 
@@ -204,13 +204,13 @@ impl Caches {
 
     /// Claims a PodGroup with this UID controls (the cache's and those
     /// created a moment ago).
-    pub fn claims_owned_by_group(&self, namespace: &str, uid: &str) -> Vec<Arc<ClaimView>> {
+    pub(crate) fn claims_owned_by_group(&self, namespace: &str, uid: &str) -> Vec<Arc<ClaimView>> {
         self.claims_owned_by(&group_owner_key(namespace, uid))
     }
 
     /// Notes that a create for this pod entry may have committed although it
     /// failed; the next attempt asks the API server before creating again.
-    pub fn mark_uncertain_create(&self, pod_uid: &str, entry: &str) {
+    pub(crate) fn mark_uncertain_create(&self, pod_uid: &str, entry: &str) {
         // Bounded: a flood of failures must not grow memory without limit;
         // the oldest marks go first, and forgetting one only costs the
         // extra check it would have caused.
@@ -219,24 +219,24 @@ impl Caches {
     }
 
     /// Takes the "uncertain" mark of a pod entry, if it has one.
-    pub fn take_uncertain_create(&self, pod_uid: &str, entry: &str) -> bool {
+    pub(crate) fn take_uncertain_create(&self, pod_uid: &str, entry: &str) -> bool {
         self.uncertain_creates
             .remove(&(pod_uid.to_string(), entry.to_string()))
     }
 
     /// Whether the user was told that this pod entry's claim is missing.
-    pub fn missing_claim_reported(&self, pod_uid: &str, entry: &str) -> bool {
+    pub(crate) fn missing_claim_reported(&self, pod_uid: &str, entry: &str) -> bool {
         self.missing_reported
             .contains(&(pod_uid.to_string(), entry.to_string()))
     }
 
-    pub fn note_missing_claim_reported(&self, pod_uid: &str, entry: &str) {
+    pub(crate) fn note_missing_claim_reported(&self, pod_uid: &str, entry: &str) {
         self.missing_reported
             .add((pod_uid.to_string(), entry.to_string()));
     }
 
     /// Remembers a claim this process created, until the watch shows it.
-    pub fn remember_created(&self, claim: ClaimView) {
+    pub(crate) fn remember_created(&self, claim: ClaimView) {
         let key = object_key(claim.namespace(), claim.name());
         if self.claims.get(&key).is_some() {
             return;
@@ -248,11 +248,12 @@ impl Caches {
     }
 
     /// The watch delivered (or deleted) this claim: the overlay is no longer needed.
-    pub fn forget_created(&self, key: &str) {
+    pub(crate) fn forget_created(&self, key: &str) {
         self.created.lock().unwrap().remove(key);
     }
 
-    pub fn created_len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn created_len(&self) -> usize {
         self.created.lock().unwrap().len()
     }
 }

@@ -257,7 +257,7 @@ fn owner_is_finished(claim: &ClaimView, caches: &Caches) -> bool {
 /// Whether claim work for this claim would do anything, judged from the
 /// caches alone (a claim that needs a live lookup counts: only the lookup
 /// can tell).
-pub fn needs_work(claim: &ClaimView, caches: &Caches) -> bool {
+pub(crate) fn needs_work(claim: &ClaimView, caches: &Caches) -> bool {
     match decide(claim, caches, &HashMap::new(), false) {
         ClaimDecision::NeedLiveLookup(_) | ClaimDecision::NeedGroupLookup(_) => true,
         ClaimDecision::Act(actions) => actions != ClaimActions::default(),

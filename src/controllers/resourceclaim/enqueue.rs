@@ -62,7 +62,7 @@ impl fmt::Display for WorkKey {
 
 /// Why a pod needs pod work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PodNeeds {
+pub(crate) enum PodNeeds {
     /// A member of a PodGroup: its entries resolve through the group.
     GroupMember,
     UnsupportedEntry,
@@ -103,7 +103,7 @@ impl fmt::Display for PodNeeds {
 
 /// Why a pod needs no pod work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoPodWork {
+pub(crate) enum NoPodWork {
     Deleting,
     Done,
     NothingToDo,
@@ -122,7 +122,7 @@ impl fmt::Display for NoPodWork {
 /// Why a pod no longer uses its claims (they are checked, so that their
 /// reservations go).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LetGo {
+pub(crate) enum LetGo {
     Removed,
     Terminated,
     DeletedBeforeScheduling,
@@ -140,12 +140,11 @@ impl fmt::Display for LetGo {
 
 /// Why a key was queued: the `reason` of its sync span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Why {
+pub(crate) enum Why {
     Pod(PodNeeds),
     /// A claim of a pod that let go of it.
     PodLetGo(LetGo),
     ClaimChanged,
-    TemplateChanged,
     /// A PodGroup has claims to create or record.
     PodGroupNeedsWork,
     /// A PodGroup is gone: its claims and members are checked.
@@ -166,7 +165,6 @@ impl fmt::Display for Why {
             Why::Pod(needs) => needs.fmt(f),
             Why::PodLetGo(why) => write!(f, "claim released: {why}"),
             Why::ClaimChanged => f.write_str("claim changed"),
-            Why::TemplateChanged => f.write_str("template changed"),
             Why::PodGroupNeedsWork => f.write_str("PodGroup needs its claims"),
             Why::PodGroupGone => f.write_str("PodGroup is gone"),
             Why::Leading => f.write_str("became leader"),
@@ -180,7 +178,7 @@ impl fmt::Display for Why {
 /// Whether the pod may still use its claims. When it may not (deleted,
 /// terminal, or deleted before scheduling), its claims get checked so that
 /// reservations are released.
-pub fn pod_needs_claims(pod: &PodView, deleted: bool) -> Result<(), LetGo> {
+pub(crate) fn pod_needs_claims(pod: &PodView, deleted: bool) -> Result<(), LetGo> {
     if deleted {
         return Err(LetGo::Removed);
     }
@@ -196,7 +194,7 @@ pub fn pod_needs_claims(pod: &PodView, deleted: bool) -> Result<(), LetGo> {
 /// Whether a pod needs pod work, and why: read off what [`pod::decide`]
 /// decides for it, so that what queues a pod and what its sync does cannot
 /// disagree (a key queued for nothing, or work never queued).
-pub fn pod_needs_work(
+pub(crate) fn pod_needs_work(
     pod: &PodView,
     caches: &Caches,
     gates: FeatureGates,
@@ -257,7 +255,7 @@ fn pod_group_entry(pod: &PodView, entry: &str) -> bool {
 }
 
 /// The keys a pod event wakes up, each with why.
-pub fn keys_for_pod_event(
+pub(crate) fn keys_for_pod_event(
     pod: &PodView,
     deleted: bool,
     caches: &Caches,

@@ -146,7 +146,7 @@ impl ControllerMetrics {
         }
     }
 
-    pub fn record_create(&self, success: bool, admin_access: bool, owner: ClaimOwner) {
+    pub(crate) fn record_create(&self, success: bool, admin_access: bool, owner: ClaimOwner) {
         let status = if success { "success" } else { "failure" };
         let admin = if admin_access { "true" } else { "false" };
         if let Some(c) = &self.creates_1_36 {
@@ -160,7 +160,7 @@ impl ControllerMetrics {
 }
 
 /// The labels a claim is counted under.
-pub fn claim_labels(claim: &ClaimView) -> [&'static str; 3] {
+pub(crate) fn claim_labels(claim: &ClaimView) -> [&'static str; 3] {
     let allocated = if claim.is_allocated() {
         "true"
     } else {

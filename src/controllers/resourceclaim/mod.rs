@@ -16,14 +16,14 @@
 
 pub mod cache;
 pub mod claim;
-pub mod context;
-pub mod enqueue;
-pub mod entries;
-pub mod metrics;
-pub mod observe;
-pub mod patch;
+pub(crate) mod context;
+pub(crate) mod enqueue;
+pub(crate) mod entries;
+pub(crate) mod metrics;
+pub(crate) mod observe;
+pub(crate) mod patch;
 pub mod pod;
-pub mod podgroup;
+pub(crate) mod podgroup;
 
 mod resync;
 mod watches;
@@ -62,14 +62,14 @@ pub use context::Synced;
 pub use podgroup::discover_api as discover_pod_group_api;
 
 /// The queue name, as kube-controller-manager's (`workqueue_*{name="resource_claim"}`).
-pub const QUEUE_NAME: &str = "resource_claim";
+pub(crate) const QUEUE_NAME: &str = "resource_claim";
 /// The source of our events, as kube-controller-manager's controller names it.
-pub const EVENT_COMPONENT: &str = "resource_claim";
+pub(crate) const EVENT_COMPONENT: &str = "resource_claim";
 
 /// Who else reacts to the pod and claim watches (the allocator for
 /// declared nodes), told after each change is in the caches.
 #[derive(Default)]
-pub struct Observers {
+pub(crate) struct Observers {
     pods: OnceLock<Vec<Arc<dyn Observer<PodView>>>>,
     claims: OnceLock<Vec<Arc<dyn Observer<ClaimView>>>>,
 }
@@ -159,7 +159,7 @@ impl Controller {
 
     /// Probes the API server while it is reported unreachable; runs until
     /// the process ends.
-    pub async fn run_reachability_probe(self: Arc<Self>) {
+    pub(crate) async fn run_reachability_probe(self: Arc<Self>) {
         self.ctx.reachability.probe(self.ctx.client.clone()).await;
     }
 
@@ -192,7 +192,7 @@ impl Controller {
     /// Runs the watches until the process ends. The pod watch is the
     /// process's only one: `also_pods` (other rooms' handlers, wired by
     /// `app.rs`) see each of its events after this controller does.
-    pub async fn run_watches(self: Arc<Self>, also_pods: Vec<Arc<dyn Handler<PodView>>>) {
+    pub(crate) async fn run_watches(self: Arc<Self>, also_pods: Vec<Arc<dyn Handler<PodView>>>) {
         let client = self.ctx.client.clone();
         let this = &*self;
         let mut pod_handlers: Vec<&dyn Handler<PodView>> = vec![this];
@@ -252,7 +252,7 @@ impl Controller {
 
     /// Called when this replica becomes leader: from now on events enqueue
     /// work, and everything that happened before is swept once.
-    pub fn start_leading(&self) {
+    pub(crate) fn start_leading(&self) {
         self.leading.store(true, Ordering::Release);
         let caches = &self.ctx.caches;
         let mut claims = 0;

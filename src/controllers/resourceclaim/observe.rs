@@ -13,7 +13,7 @@ use crate::model::views::PodView;
 
 /// What to do with the pod cache for one observed pod.
 #[derive(Debug)]
-pub struct Observation {
+pub(crate) struct Observation {
     /// The version to cache under the pod's key, if any.
     pub keep: Option<PodView>,
     /// An older pod of the same name (another UID) that is gone.
@@ -21,7 +21,7 @@ pub struct Observation {
 }
 
 /// Decides what to cache for `seen`, given the cached pod of the same name.
-pub fn observe(cached: Option<&PodView>, mut seen: PodView, now: Instant) -> Observation {
+pub(crate) fn observe(cached: Option<&PodView>, mut seen: PodView, now: Instant) -> Observation {
     let same_pod = cached.filter(|old| old.uid() == seen.uid());
     let replaced = cached.is_some() && same_pod.is_none();
     match same_pod {

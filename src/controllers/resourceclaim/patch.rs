@@ -29,7 +29,7 @@ fn test_reserved_for(claim: &ClaimView) -> Value {
 }
 
 /// Adds `consumer` to `status.reservedFor` of the claim as seen.
-pub fn add_reservation(
+pub(crate) fn add_reservation(
     seen: &ClaimView,
     consumer: &ResourceClaimConsumerReference,
 ) -> json_patch::Patch {
@@ -49,7 +49,7 @@ pub fn add_reservation(
 /// Replaces `status.reservedFor` of the claim as seen with `remaining` (a
 /// subset of its entries, written back as they were read), and clears
 /// `status.allocation` when `deallocate` is set.
-pub fn remove_reservations(
+pub(crate) fn remove_reservations(
     seen: &ClaimView,
     remaining: &[ResourceClaimConsumerReference],
     deallocate: bool,
@@ -68,7 +68,7 @@ pub fn remove_reservations(
 }
 
 /// Clears `status.allocation` of an unreserved claim as seen.
-pub fn deallocate(seen: &ClaimView) -> json_patch::Patch {
+pub(crate) fn deallocate(seen: &ClaimView) -> json_patch::Patch {
     to_patch(json!([
         test_resource_version(seen),
         {"op": "remove", "path": "/status/allocation"},
@@ -78,7 +78,7 @@ pub fn deallocate(seen: &ClaimView) -> json_patch::Patch {
 /// Removes `finalizer` from the claim as seen. The whole version is
 /// guarded: the decision may rest on a reservation being absent, or (for a
 /// claim being deleted) on its remaining reservations being stale.
-pub fn remove_finalizer(seen: &ClaimView, finalizer: &str) -> Option<json_patch::Patch> {
+pub(crate) fn remove_finalizer(seen: &ClaimView, finalizer: &str) -> Option<json_patch::Patch> {
     let finalizers = seen.finalizers();
     let index = finalizers.iter().position(|f| f == finalizer)?;
     Some(to_patch(json!([

@@ -33,9 +33,9 @@ pub use super::entries::{
 };
 
 /// Event reason for a pre-scheduled pod whose claim is not allocated.
-pub const REASON_NOT_ALLOCATED: &str = "ResourceClaimNotAllocated";
+pub(crate) const REASON_NOT_ALLOCATED: &str = "ResourceClaimNotAllocated";
 /// Event reason for a pod on a node whose recorded claim is gone.
-pub const REASON_CLAIM_MISSING: &str = "ResourceClaimMissing";
+pub(crate) const REASON_CLAIM_MISSING: &str = "ResourceClaimMissing";
 
 /// How long a pre-scheduled pod's claim may stay unallocated before the
 /// user is told. A claim watch that lags behind the pod watch by seconds is
@@ -94,7 +94,7 @@ pub struct PodDecision {
 }
 
 impl PodDecision {
-    pub fn is_noop(&self) -> bool {
+    pub(crate) fn is_noop(&self) -> bool {
         self.refused.is_none()
             && self.entries.is_empty()
             && self.reservations.is_empty()
@@ -242,7 +242,7 @@ fn group_claim_to_record(
 
 /// The claim to adopt for `entry` among those its owner controls: the
 /// first by name made for that entry and not being deleted.
-pub fn adoptable(mut owned: Vec<Arc<ClaimView>>, entry: &str) -> Option<EntryAction> {
+pub(crate) fn adoptable(mut owned: Vec<Arc<ClaimView>>, entry: &str) -> Option<EntryAction> {
     owned.sort_by(|a, b| a.name().cmp(b.name()));
     let claim = owned
         .iter()
@@ -255,7 +255,7 @@ pub fn adoptable(mut owned: Vec<Arc<ClaimView>>, entry: &str) -> Option<EntryAct
 
 /// What a recorded claim name of a template entry means now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecordedClaim {
+pub(crate) enum RecordedClaim {
     /// The claim exists and the pod controls it.
     Usable,
     /// Gone or no longer the pod's, and the pod is not on a node yet: find
@@ -271,7 +271,7 @@ pub enum RecordedClaim {
 }
 
 /// Classifies the recorded claim `name` of the pod's template entry.
-pub fn recorded_claim_state(
+pub(crate) fn recorded_claim_state(
     pod: &PodView,
     entry: &str,
     name: &str,
@@ -323,7 +323,7 @@ fn adopt_or_create(
 
 /// The template an entry names, if it exists and the gates allow what it
 /// asks for; otherwise what to tell the user.
-pub fn usable_template(
+pub(crate) fn usable_template(
     namespace: &str,
     entry_name: &str,
     template_name: &str,
@@ -353,7 +353,7 @@ pub fn usable_template(
 }
 
 /// The claim object generated for `pod`'s entry from `template`.
-pub fn claim_from_template(
+pub(crate) fn claim_from_template(
     pod: &PodView,
     entry_name: &str,
     template: &TemplateView,
@@ -370,7 +370,7 @@ pub fn claim_from_template(
 /// The claim object generated for the entry `entry_name` of an owner (a
 /// pod, or a PodGroup) named `owner_name`, from `template`; and whether it
 /// asks for admin access.
-pub fn generated_claim(
+pub(crate) fn generated_claim(
     namespace: &str,
     owner_name: &str,
     owner: k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
@@ -565,7 +565,7 @@ async fn warn_if_still_unallocated(
 
 /// The text of the `ResourceClaimNotAllocated` warning: what happened and
 /// what to do.
-pub fn not_allocated_message(claim_name: &str, node: &str) -> String {
+pub(crate) fn not_allocated_message(claim_name: &str, node: &str) -> String {
     format!(
         "ResourceClaim {claim_name} is not allocated, and nothing will allocate it: the pod was \
          created with spec.nodeName={node}, which bypasses kube-scheduler, and only the scheduler \

@@ -26,14 +26,14 @@ use crate::runtime::events::Involved;
 use crate::runtime::store::object_key;
 
 /// The `owner_api_*` labels of claims made for PodGroups.
-pub const GROUP_OWNER: ClaimOwner = ClaimOwner {
+pub(crate) const GROUP_OWNER: ClaimOwner = ClaimOwner {
     api_group: PodGroupApi::GROUP,
     kind: "PodGroup",
 };
 
 /// What group work decided for one PodGroup.
 #[derive(Debug, Default)]
-pub struct GroupDecision {
+pub(crate) struct GroupDecision {
     pub entries: Vec<EntryAction>,
     /// Every entry of `status.resourceClaimStatuses` as it is now; every
     /// status apply sends them all (an apply leaving one out removes it).
@@ -42,7 +42,7 @@ pub struct GroupDecision {
 }
 
 /// Decides group work from cached state.
-pub fn decide(
+pub(crate) fn decide(
     group: &PodGroupView,
     caches: &Caches,
     gates: FeatureGates,
@@ -122,7 +122,7 @@ pub fn decide(
 /// Whether a PodGroup needs group work: read off what [`decide`] decides
 /// for it, so that what queues a group and what its sync does cannot
 /// disagree.
-pub fn needs_work(group: &PodGroupView, caches: &Caches, gates: FeatureGates) -> bool {
+pub(crate) fn needs_work(group: &PodGroupView, caches: &Caches, gates: FeatureGates) -> bool {
     caches
         .pod_group_api()
         .is_some_and(|api| !decide(group, caches, gates, api).entries.is_empty())
@@ -149,7 +149,7 @@ fn involved<'a>(group: &'a PodGroupView, api: &PodGroupApi) -> Involved<'a> {
 }
 
 /// Performs group work.
-pub async fn execute(
+pub(crate) async fn execute(
     ctx: &Context,
     group: &PodGroupView,
     api: &PodGroupApi,
@@ -175,7 +175,7 @@ pub async fn execute(
 }
 
 /// `namespace/name` keys of the member pods of a group.
-pub fn members(
+pub(crate) fn members(
     group: &PodGroupView,
     caches: &Caches,
 ) -> Vec<std::sync::Arc<crate::model::views::PodView>> {

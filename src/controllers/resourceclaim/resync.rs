@@ -15,7 +15,7 @@ impl Controller {
     /// `--min-resync-period`, as each of its informers does). Only objects
     /// whose decision is not a no-op are queued, and only on the leader;
     /// the resync itself reads the caches and sends nothing.
-    pub async fn run_resync(self: Arc<Self>, min_period: Duration) {
+    pub(crate) async fn run_resync(self: Arc<Self>, min_period: Duration) {
         // A zero period would spin; a second is the least that makes sense.
         let min_period = min_period.max(Duration::from_secs(1));
         tokio::join!(

@@ -16,7 +16,7 @@ use crate::runtime::store::object_key;
 
 impl Controller {
     /// Runs `workers` workers until the queue is shut down.
-    pub async fn run_workers(self: Arc<Self>, workers: usize) {
+    pub(crate) async fn run_workers(self: Arc<Self>, workers: usize) {
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..workers.max(1) {
             let this = self.clone();

@@ -80,7 +80,11 @@ impl<K: Clone + Eq + Hash> RateLimiter<K> {
 
     /// Per-key backoff `base_delay * 2^failures`, capped at `max_delay`,
     /// combined with `bucket` if given.
-    pub(crate) fn new(base_delay: Duration, max_delay: Duration, bucket: Option<TokenBucket>) -> Self {
+    pub(crate) fn new(
+        base_delay: Duration,
+        max_delay: Duration,
+        bucket: Option<TokenBucket>,
+    ) -> Self {
         Self {
             base_delay,
             max_delay,
