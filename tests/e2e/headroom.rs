@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::ControllerOpts;
 use crate::ctx::TestCtx;
-use crate::k8s::wait_for;
+use crate::k8s::{holds_for, wait_for};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -709,18 +709,19 @@ async fn without_the_yield_the_waiting_pod_stays_pending() {
     };
     // Long enough for the scheduler to give up on it and for a yield to
     // have happened several times over (it takes well under a second).
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(
-        bound_to(&pods, "job").await.unwrap(),
-        None,
-        "bound without a yield"
-    );
-    for name in ["pool-gpu-a", "pool-gpu-b"] {
-        assert!(
-            pods.get_opt(name).await.unwrap().is_some(),
-            "{name} was released"
-        );
-    }
+    holds_for(
+        "the job unbound and both placeholders kept",
+        Duration::from_secs(10),
+        async || {
+            let bound = bound_to(&pods, "job").await?;
+            ensure!(bound.is_none(), "bound to {bound:?} without a yield");
+            for name in ["pool-gpu-a", "pool-gpu-b"] {
+                ensure!(pods.get_opt(name).await?.is_some(), "{name} was released");
+            }
+            Ok(())
+        },
+    )
+    .await;
     t.finish();
 }
 

@@ -20,7 +20,7 @@ use crate::headroom::{
     bound_to, gpu_job, gpu_job_template, headroom_with_flags, patch_watermark, placeholder_pods,
     priority_class, priority_classes, scheduler_and_workload_controllers, wait_entry,
 };
-use crate::k8s::wait_for;
+use crate::k8s::{holds_for, wait_for};
 
 pub(crate) const DRIVER: &str = "gpu.example.com";
 /// Long enough for the autoscaler to notice Pending pods, simulate a node
@@ -289,12 +289,16 @@ async fn expendable_placeholders_never_make_the_autoscaler_act() {
     )
     .await;
     // Twenty scan intervals: time enough to have added a node.
-    tokio::time::sleep(Duration::from_secs(20)).await;
-    assert_eq!(
-        nodes_with_devices(&admin).await.unwrap(),
-        vec!["gpu-0".to_string()],
-        "no node for placeholders below the expendable cutoff"
-    );
+    holds_for(
+        "no node added for placeholders below the expendable cutoff",
+        Duration::from_secs(20),
+        async || {
+            let nodes = nodes_with_devices(&admin).await?;
+            ensure!(nodes == ["gpu-0"], "nodes with devices: {nodes:?}");
+            Ok(())
+        },
+    )
+    .await;
 
     patch_watermark(
         &watermarks,

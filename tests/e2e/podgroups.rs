@@ -120,8 +120,18 @@ async fn story(t: &TestCtx) -> Outcome {
         Ok(())
     })
     .await;
-    // Nothing else may appear: give a wrong controller time to make pod claims.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Nothing else may appear: a wrong controller would make pod claims
+    // within this window.
+    holds_for(
+        "the group's claim the only claim in the namespace",
+        Duration::from_secs(2),
+        async || {
+            let claims = t.claims().list(&ListParams::default()).await?.items.len();
+            ensure!(claims == 1, "{claims} claims");
+            Ok(())
+        },
+    )
+    .await;
     let claims_in_namespace = t
         .claims()
         .list(&ListParams::default())
