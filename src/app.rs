@@ -13,6 +13,9 @@ use crate::model::selector::LabelSelector;
 use std::sync::Arc;
 
 use crate::controllers::allocator::{Controller as Allocator, SharedStores};
+use crate::controllers::devicetaint::{
+    Controller as DeviceTaintEviction, Settings as DeviceTaintSettings, Stores as DeviceTaintStores,
+};
 use crate::controllers::headroom::{
     Controller as Headroom, Settings as HeadroomSettings, Stores as HeadroomStores,
 };
@@ -21,7 +24,7 @@ use crate::model::views::{ClaimView, PodView};
 use crate::runtime::informer::{Handler, Observer};
 use crate::runtime::shared::WatchesSynced;
 use crate::runtime::startup::{PER_TRY_DEADLINE, StartupRead, read_until_answered};
-use watches::{DeviceObservers, DeviceWatches};
+use watches::{DeviceObservers, DeviceWatches, Kinds};
 
 pub(crate) mod rooms;
 mod startup_reads;
@@ -166,8 +169,15 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let device_watches = Arc::new(DeviceWatches::new());
     let mut device_observers = DeviceObservers::default();
     let (mut pod_observers, mut claim_observers) = (Vec::new(), Vec::new());
+    let device_kinds = Kinds {
+        slices: true,
+        classes: true,
+        nodes: true,
+        rules: false,
+    };
     let allocator = match (allocate_on_nodes, declared) {
         (Some(selector), Some(nodes)) => {
+            device_watches.read(device_kinds);
             let caches = controller.caches();
             let allocator = Allocator::new(
                 client.clone(),
@@ -199,6 +209,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     let headroom = if args.controllers.headroom {
+        device_watches.read(device_kinds);
         let headroom = Headroom::new(
             client.clone(),
             &registry,
@@ -226,8 +237,54 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
+    let device_taints = if args.controllers.device_taint_eviction && gates.device_taints_on() {
+        device_watches.read(Kinds {
+            slices: true,
+            rules: gates.device_taint_rules_on(),
+            ..Kinds::default()
+        });
+        let caches = controller.caches();
+        let eviction = DeviceTaintEviction::new(
+            client.clone(),
+            DeviceTaintSettings {
+                workers: args.concurrent_device_taint_eviction_syncs as usize,
+                gates,
+                evictions_per_second: args.device_taint_evictions_per_second,
+                evictions_per_rule_per_second: args.device_taint_evictions_per_rule_per_second,
+                max_share: args.device_taint_eviction_max_share,
+            },
+            DeviceTaintStores {
+                pods: caches.pods.clone(),
+                claims: caches.claims.clone(),
+                devices: device_watches.stores().clone(),
+                synced: synced.clone(),
+                rules_version: device_watches.rules_version(),
+            },
+            &registry,
+            &identity,
+            controller.reachability().clone(),
+        )?;
+        pod_observers.push(eviction.clone() as Arc<dyn Observer<PodView>>);
+        claim_observers.push(eviction.clone() as Arc<dyn Observer<ClaimView>>);
+        device_observers.slices.push(eviction.clone() as _);
+        device_observers.rules.push(eviction.clone() as _);
+        info!(
+            workers = args.concurrent_device_taint_eviction_syncs,
+            per_second = args.device_taint_evictions_per_second,
+            per_rule_per_second = args.device_taint_evictions_per_rule_per_second,
+            max_share = args.device_taint_eviction_max_share,
+            rules = gates.device_taint_rules_on(),
+            "device-taint eviction on"
+        );
+        Some(eviction)
+    } else {
+        if args.controllers.device_taint_eviction {
+            info!("DRADeviceTaints is off: the device-taint eviction controller does not run");
+        }
+        None
+    };
     controller.observe(pod_observers, claim_observers);
-    let reads_devices = allocator.is_some() || headroom.is_some();
+    let reads_devices = device_watches.kinds().any();
     if reads_devices {
         let watches = device_watches.clone();
         let client = client.clone();
@@ -346,6 +403,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(headroom) = &headroom {
         rooms.push(Box::new(headroom.clone()));
+    }
+    if let Some(eviction) = &device_taints {
+        rooms.push(Box::new(eviction.clone()));
     }
     let workers: Vec<tokio::task::JoinHandle<()>> = rooms
         .iter()

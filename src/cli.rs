@@ -69,7 +69,27 @@ pub struct Args {
     )]
     pub concurrent_syncs: u32,
 
-    /// Feature gates, as Name=true|false pairs. Acted on: DRAAdminAccess, DRAPrioritizedList, DRAExtendedResource (on by default, as in Kubernetes 1.36) and DRAWorkloadResourceClaims (alpha, off: PodGroup claims; needs scheduling.k8s.io v1alpha2 or v1alpha3 served). kube-controller-manager's other gates are accepted and ignored, so its flag value can be copied.
+    /// Number of workers of the device-taint eviction controller (kube-controller-manager's flag and default).
+    #[arg(
+        long = "concurrent-device-taint-eviction-syncs",
+        default_value_t = 8,
+        value_parser = parse_device_taint_syncs
+    )]
+    pub concurrent_device_taint_eviction_syncs: u32,
+
+    /// Device-taint evictions per second at most, across all taints (0: unpaced, as kube-controller-manager). The wait shows in dra_claim_controller_device_taint_eviction_pacing_wait_seconds.
+    #[arg(long, default_value_t = 10.0, value_parser = parse_rate)]
+    pub device_taint_evictions_per_second: f64,
+
+    /// Device-taint evictions per second at most for one DeviceTaintRule (0: unpaced).
+    #[arg(long, default_value_t = 5.0, value_parser = parse_rate)]
+    pub device_taint_evictions_per_rule_per_second: f64,
+
+    /// A NoExecute DeviceTaintRule selecting more than this share of the allocated devices evicts nothing until annotated dra-claim-controller.io/confirm-eviction=true (1: no such guard).
+    #[arg(long, default_value_t = 0.5, value_parser = parse_share)]
+    pub device_taint_eviction_max_share: f64,
+
+    /// Feature gates, as Name=true|false pairs. Acted on: DRAAdminAccess, DRAPrioritizedList, DRAExtendedResource, DRADeviceTaints (on by default, as in Kubernetes 1.36), DRADeviceTaintRules (off in 1.36; GA in 1.37) and DRAWorkloadResourceClaims (alpha, off: PodGroup claims; needs scheduling.k8s.io v1alpha2 or v1alpha3 served). kube-controller-manager's other gates are accepted and ignored, so its flag value can be copied.
     #[arg(long, default_value = "", value_parser = parse_gates)]
     pub feature_gates: FeatureGateFlag,
 
@@ -101,8 +121,8 @@ pub struct Args {
     #[arg(long)]
     pub leader_elect_resource_namespace: Option<String>,
 
-    /// Controllers to run, comma separated, in kube-controller-manager's syntax ("*" for the default ones, "-name" to turn one off): resourceclaim (always on) and headroom (NodeScalingWatermark placeholders; off unless named; needs the chart's CRD).
-    #[arg(long, default_value = "resourceclaim", value_parser = parse_controllers)]
+    /// Controllers to run, comma separated, in kube-controller-manager's syntax ("*" for the default ones, "-name" to turn one off): resourceclaim (always on), device-taint-eviction (on with "*" while DRADeviceTaints is on) and headroom (NodeScalingWatermark placeholders; off unless named; needs the chart's CRD).
+    #[arg(long, default_value = "*", value_parser = parse_controllers)]
     pub controllers: Controllers,
 
     /// With the headroom controller: release device placeholders so that a higher-priority pod waiting for devices binds (kube-scheduler cannot preempt pods for devices). false for a scheduler that can.
@@ -254,10 +274,47 @@ pub enum LogFormat {
     Json,
 }
 
+/// `--concurrent-device-taint-eviction-syncs`, worded as
+/// kube-controller-manager words it.
+fn parse_device_taint_syncs(s: &str) -> Result<u32, String> {
+    let n: i64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a whole number"))?;
+    if n <= 0 {
+        return Err(format!(
+            "concurrent-device-taint-eviction-syncs must be greater than zero, got {n}"
+        ));
+    }
+    u32::try_from(n.min(10_000)).map_err(|e| e.to_string())
+}
+
+/// A rate per second: 0 (off) or more.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && r >= 0.0 => Ok(r),
+        _ => Err(format!(
+            "{s:?} is not a rate per second (0 or more; 0 turns pacing off)"
+        )),
+    }
+}
+
+/// A share of the allocated devices: above 0, at most 1 (no guard).
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r > 0.0 && r <= 1.0 => Ok(r),
+        _ => Err(format!(
+            "{s:?} is not a share: use a number above 0 and at most 1 (1 turns the guard off)"
+        )),
+    }
+}
+
 /// Which controllers `--controllers` turns on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Controllers {
     pub headroom: bool,
+    /// kube-controller-manager's `device-taint-eviction-controller`.
+    pub device_taint_eviction: bool,
 }
 
 /// Parses `--controllers` with kube-controller-manager's syntax: `*` turns
@@ -267,8 +324,12 @@ pub struct Controllers {
 /// controller, what this binary is, cannot be turned off; `headroom` is off
 /// unless named.
 pub(crate) fn parse_controllers(s: &str) -> Result<Controllers, String> {
-    const KNOWN: &str = "known: *, resourceclaim, headroom (a leading '-' turns one off)";
-    let mut controllers = Controllers { headroom: false };
+    const KNOWN: &str =
+        "known: *, resourceclaim, device-taint-eviction, headroom (a leading '-' turns one off)";
+    let mut controllers = Controllers {
+        headroom: false,
+        device_taint_eviction: false,
+    };
     let mut claim = false;
     for entry in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         let (on, name) = match entry.strip_prefix('-') {
@@ -276,7 +337,11 @@ pub(crate) fn parse_controllers(s: &str) -> Result<Controllers, String> {
             None => (true, entry),
         };
         match name.strip_suffix("-controller").unwrap_or(name) {
-            "*" if on => claim = true,
+            "*" if on => {
+                claim = true;
+                controllers.device_taint_eviction = true;
+            }
+            "device-taint-eviction" => controllers.device_taint_eviction = on,
             "resourceclaim" => claim = on,
             "headroom" => controllers.headroom = on,
             _ => return Err(format!("unknown controller {entry:?}; {KNOWN}")),
@@ -393,6 +458,12 @@ mod tests {
             ("--feature-gates", "DRAAdminAccess=maybe"),
             ("--controllers", "headroom"),
             ("--controllers", "resourceclaim,garbagecollector"),
+            ("--concurrent-device-taint-eviction-syncs", "0"),
+            ("--concurrent-device-taint-eviction-syncs", "-3"),
+            ("--device-taint-evictions-per-second", "-1"),
+            ("--device-taint-evictions-per-rule-per-second", "NaN"),
+            ("--device-taint-eviction-max-share", "0"),
+            ("--device-taint-eviction-max-share", "1.5"),
         ];
         for (flag, value) in rows {
             // `--flag=value`, so that a leading '-' reaches the value parser.
@@ -409,6 +480,9 @@ mod tests {
             ("--min-resync-period", "1s"),
             ("--shutdown-timeout", "0"),
             ("--controllers", "resourceclaim,headroom"),
+            ("--controllers", "*,-device-taint-eviction-controller"),
+            ("--device-taint-evictions-per-second", "0"),
+            ("--device-taint-eviction-max-share", "1"),
         ] {
             assert!(
                 Args::try_parse_from(["dra-claim-controller", flag, value]).is_ok(),
@@ -419,22 +493,35 @@ mod tests {
 
     #[test]
     fn controllers_take_kube_controller_manager_syntax() {
-        let rows: [(&str, Option<bool>); 12] = [
-            ("resourceclaim", Some(false)),
-            ("*", Some(false)),
-            ("*,headroom", Some(true)),
-            ("resourceclaim,headroom", Some(true)),
-            ("resourceclaim-controller,headroom-controller", Some(true)),
-            ("*,-headroom", Some(false)),
-            ("*,headroom,-headroom", Some(false)),
-            (" * , headroom ", Some(true)),
+        // (headroom, device-taint-eviction); None: refused.
+        let rows: [(&str, Option<(bool, bool)>); 16] = [
+            ("resourceclaim", Some((false, false))),
+            ("*", Some((false, true))),
+            ("*,headroom", Some((true, true))),
+            ("resourceclaim,headroom", Some((true, false))),
+            (
+                "resourceclaim-controller,headroom-controller",
+                Some((true, false)),
+            ),
+            ("*,-headroom", Some((false, true))),
+            ("*,headroom,-headroom", Some((false, true))),
+            (" * , headroom ", Some((true, true))),
+            ("*,-device-taint-eviction-controller", Some((false, false))),
+            ("resourceclaim,device-taint-eviction", Some((false, true))),
+            (
+                "resourceclaim-controller,device-taint-eviction-controller",
+                Some((false, true)),
+            ),
             ("headroom", None),
+            ("device-taint-eviction", None),
             ("*,-resourceclaim", None),
             ("-*", None),
             ("*,garbagecollector", None),
         ];
         for (value, want) in rows {
-            let got = parse_controllers(value).ok().map(|c| c.headroom);
+            let got = parse_controllers(value)
+                .ok()
+                .map(|c| (c.headroom, c.device_taint_eviction));
             assert_eq!(got, want, "--controllers={value}");
         }
     }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use crate::controllers::allocator::Controller as Allocator;
+use crate::controllers::devicetaint::Controller as DeviceTaintEviction;
 use crate::controllers::headroom::Controller as Headroom;
 use crate::controllers::resourceclaim::Controller as ClaimController;
 
@@ -72,5 +73,20 @@ impl Room for Arc<Headroom> {
     }
     fn shut_down(&self) -> BoxFuture<'_, ()> {
         Box::pin(Headroom::shut_down(self))
+    }
+}
+
+impl Room for Arc<DeviceTaintEviction> {
+    fn start_leading(&self) {
+        DeviceTaintEviction::start_leading(self);
+    }
+    fn run_workers(&self) -> BoxFuture<'static, ()> {
+        Box::pin(self.clone().run_workers())
+    }
+    fn shut_queue(&self) {
+        self.queue().shut_down();
+    }
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        Box::pin(DeviceTaintEviction::shut_down(self))
     }
 }

@@ -77,6 +77,23 @@ impl TaintRule {
     }
 }
 
+/// The version DeviceTaintRules are served in: `v1` (1.37) or `v1beta2`
+/// (1.36, behind the API server's `--runtime-config`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RulesVersion {
+    V1,
+    V1beta2,
+}
+
+impl RulesVersion {
+    pub fn api_version(self) -> &'static str {
+        match self {
+            RulesVersion::V1 => "resource.k8s.io/v1",
+            RulesVersion::V1beta2 => "resource.k8s.io/v1beta2",
+        }
+    }
+}
+
 /// Where a taint comes from, in the order kube-controller-manager lists
 /// them: rules by name, then slices by driver, pool, device, taint index.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -108,18 +125,9 @@ impl DeviceTaints {
         slices: impl IntoIterator<Item = &'a ResourceSlice> + Clone,
         rules: Vec<TaintRule>,
     ) -> Self {
-        let mut newest: BTreeMap<(&str, &str), i64> = BTreeMap::new();
-        for slice in slices.clone() {
-            let s = &slice.spec;
-            let at = newest.entry((&s.driver, &s.pool.name)).or_insert(i64::MIN);
-            *at = (*at).max(s.pool.generation);
-        }
         let mut published = BTreeMap::new();
-        for slice in slices {
+        for slice in current_slices(slices) {
             let s = &slice.spec;
-            if newest.get(&(s.driver.as_str(), s.pool.name.as_str())) != Some(&s.pool.generation) {
-                continue;
-            }
             for device in s.devices.iter().flatten() {
                 let taints = device.taints.clone().unwrap_or_default();
                 if !taints.is_empty() {
@@ -162,6 +170,40 @@ impl DeviceTaints {
         }
         out
     }
+}
+
+/// The slices of each pool's highest generation: an older one is being
+/// replaced, and its devices and taints no longer count.
+pub fn current_slices<'a>(
+    slices: impl IntoIterator<Item = &'a ResourceSlice> + Clone,
+) -> impl Iterator<Item = &'a ResourceSlice> {
+    let mut newest: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+    for slice in slices.clone() {
+        let s = &slice.spec;
+        let at = newest.entry((&s.driver, &s.pool.name)).or_insert(i64::MIN);
+        *at = (*at).max(s.pool.generation);
+    }
+    slices.into_iter().filter(move |slice| {
+        let s = &slice.spec;
+        newest.get(&(s.driver.as_str(), s.pool.name.as_str())) == Some(&s.pool.generation)
+    })
+}
+
+/// How many published devices (current pool generations) `rule` selects.
+pub fn published_devices_selected<'a>(
+    slices: impl IntoIterator<Item = &'a ResourceSlice> + Clone,
+    rule: &TaintRule,
+) -> usize {
+    current_slices(slices)
+        .map(|slice| {
+            let s = &slice.spec;
+            s.devices
+                .iter()
+                .flatten()
+                .filter(|d| rule.selects(&s.driver, &s.pool.name, &d.name))
+                .count()
+        })
+        .sum()
 }
 
 /// Whether `toleration` tolerates the `NoExecute` `taint` for eviction, as

@@ -26,6 +26,13 @@ pub struct FeatureGates {
     /// a pod in a PodGroup while it is off, and looks PodGroups up while it
     /// is on, whatever `DRAWorkloadResourceClaims` says.
     pub generic_workload: bool,
+    /// `DRADeviceTaints` (beta, on in 1.36; GA and locked on in 1.37): the
+    /// device-taint eviction controller runs, and taints on devices count.
+    pub device_taints: bool,
+    /// `DRADeviceTaintRules` (beta, **off** in 1.36 with its
+    /// `resource.k8s.io/v1beta2` API; GA with `v1` in 1.37): DeviceTaintRules
+    /// taint devices, and their status is written.
+    pub device_taint_rules: bool,
     /// Which release's rules apply where 1.36 and 1.37 differ (not a gate:
     /// set from `--reference-release` or the API server's version).
     pub release: Release,
@@ -89,17 +96,35 @@ impl Default for FeatureGates {
             extended_resource: true,
             workload_resource_claims: false,
             generic_workload: false,
+            device_taints: true,
+            device_taint_rules: false,
             release: Release::V1_36,
         }
     }
 }
 
-const KNOWN: [&str; 5] = [
+impl FeatureGates {
+    /// `DRADeviceTaints` as the release serving decides it: GA and locked
+    /// on from 1.37.
+    pub fn device_taints_on(&self) -> bool {
+        self.device_taints || self.release.is_1_37()
+    }
+
+    /// `DRADeviceTaintRules` as the release serving decides it: GA from
+    /// 1.37, and only with `DRADeviceTaints`.
+    pub fn device_taint_rules_on(&self) -> bool {
+        self.device_taints_on() && (self.device_taint_rules || self.release.is_1_37())
+    }
+}
+
+const KNOWN: [&str; 7] = [
     "DRAAdminAccess",
     "DRAPrioritizedList",
     "DRAExtendedResource",
     "DRAWorkloadResourceClaims",
     "GenericWorkload",
+    "DRADeviceTaints",
+    "DRADeviceTaintRules",
 ];
 
 /// PodGroup claims (KEP-5729). 1.36 spells the gate
@@ -154,6 +179,8 @@ impl FromStr for FeatureGateFlag {
                 "DRAPrioritizedList" => flag.gates.prioritized_list = value,
                 "DRAExtendedResource" => flag.gates.extended_resource = value,
                 "GenericWorkload" => flag.gates.generic_workload = value,
+                "DRADeviceTaints" => flag.gates.device_taints = value,
+                "DRADeviceTaintRules" => flag.gates.device_taint_rules = value,
                 _ if WORKLOAD_RESOURCE_CLAIMS.contains(&name) => {
                     flag.gates.workload_resource_claims = value
                 }
@@ -188,12 +215,14 @@ impl fmt::Display for FeatureGates {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "DRAAdminAccess={},DRAPrioritizedList={},DRAExtendedResource={},DRAWorkloadResourceClaims={},GenericWorkload={}",
+            "DRAAdminAccess={},DRAPrioritizedList={},DRAExtendedResource={},DRAWorkloadResourceClaims={},GenericWorkload={},DRADeviceTaints={},DRADeviceTaintRules={}",
             self.admin_access,
             self.prioritized_list,
             self.extended_resource,
             self.workload_resource_claims,
-            self.generic_workload
+            self.generic_workload,
+            self.device_taints,
+            self.device_taint_rules
         )
     }
 }
@@ -247,6 +276,8 @@ mod tests {
             extended_resource: false,
             workload_resource_claims: true,
             generic_workload: true,
+            device_taints: false,
+            device_taint_rules: true,
             release: Release::V1_36,
         };
         assert_eq!(gates.to_string().parse::<FeatureGates>(), Ok(gates));

@@ -150,6 +150,16 @@ impl EventRecorder {
 
     /// A Warning event about `involved`.
     pub async fn warn(&self, involved: &Involved<'_>, reason: &str, message: &str) {
+        self.record(involved, "Warning", reason, message).await
+    }
+
+    /// A Normal event about `involved` (what a controller did, as
+    /// kube-controller-manager reports its evictions).
+    pub async fn normal(&self, involved: &Involved<'_>, reason: &str, message: &str) {
+        self.record(involved, "Normal", reason, message).await
+    }
+
+    async fn record(&self, involved: &Involved<'_>, type_: &str, reason: &str, message: &str) {
         let Some(client) = &self.client else {
             debug!(reason, message, "event (not sent)");
             return;
@@ -210,7 +220,7 @@ impl EventRecorder {
             },
             reason: Some(reason.into()),
             message: Some(message.into()),
-            type_: Some("Warning".into()),
+            type_: Some(type_.into()),
             source: Some(EventSource {
                 component: Some(self.component.into()),
                 host: None,

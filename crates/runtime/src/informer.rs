@@ -76,6 +76,12 @@ impl Informer {
         *self.synced.borrow()
     }
 
+    /// Marks the first list handed over without a watch (a kind the API
+    /// server does not serve: its empty store is the truth).
+    pub fn mark_synced(&self) {
+        self.synced.send_replace(true);
+    }
+
     /// Resolves once the first list has been handed over.
     pub async fn wait_synced(&self) {
         let mut rx = self.synced.subscribe();

@@ -102,9 +102,9 @@ fn counted(
 
 /// When the pod must go, if ever. `claim` finds a cached claim by
 /// namespace and name; `pod_group_claims`: DRAWorkloadResourceClaims.
-pub fn pod_eviction<'a>(
+pub fn pod_eviction<C: std::ops::Deref<Target = ClaimView>>(
     pod: &PodView,
-    claim: impl Fn(&str, &str) -> Option<&'a ClaimView>,
+    claim: impl Fn(&str, &str) -> Option<C>,
     taints: &DeviceTaints,
     pod_group_claims: bool,
 ) -> Option<Eviction> {
@@ -124,6 +124,7 @@ pub fn pod_eviction<'a>(
         let Some(c) = claim(pod.namespace(), name) else {
             return;
         };
+        let c: &ClaimView = &c;
         let ours = is_controlled_by(c.owner_references(), pod.uid())
             || group.is_some_and(|g| is_controlled_by_pod_group(c.owner_references(), g));
         if (must_be_ours && !ours) || !reserved(c) {

@@ -1,10 +1,242 @@
 //! kube-controller-manager's `device-taint-eviction-controller`: pods whose
 //! allocated devices carry an untolerated `NoExecute` taint (from their
 //! ResourceSlice or a DeviceTaintRule) are deleted once the taint's time is
-//! up. This step holds its decision ([`decide`]), a pure function
-//! table-tested after upstream's `TestController` cases; the room that
-//! watches, paces and writes comes next.
+//! up, and every DeviceTaintRule's status says how far its evictions got.
+//! Beyond upstream: evictions are paced, and a rule that would evict from
+//! more than a set share of the allocated devices waits for an admin.
+//!
+//! - `mod.rs`: the [`Controller`] (its queue of pods and rules, its
+//!   workers, leadership);
+//! - `decide.rs`: when a pod must go (pure, table-tested after upstream's
+//!   `TestController` cases);
+//! - `tracking.rs`: the taint index and the evictions pending, kept in step
+//!   with the process's stores;
+//! - `watches.rs`: what pod, claim, slice and rule changes do;
+//! - `evict.rs`: one eviction (fresh read, condition, guarded delete);
+//! - `rule_status.rs`: a rule's `EvictionInProgress` condition (pure) and
+//!   the guard's threshold; `rule_sync.rs` writes it;
+//! - `metrics.rs`: upstream's two metrics and ours.
+//!
+//! It watches nothing of its own: the pod and claim stores are the claim
+//! controller's, the slices and rules the process's shared watches'.
 
 pub mod decide;
 #[cfg(test)]
 mod decide_tests;
+mod evict;
+mod metrics;
+mod rule_status;
+#[cfg(test)]
+mod rule_status_tests;
+mod rule_sync;
+mod tracking;
+mod watches;
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tracing::{Instrument, debug, info, info_span};
+
+use crate::model::device_taints::RulesVersion;
+use crate::model::features::FeatureGates;
+use crate::model::views::{ClaimView, DeviceStores, PodView};
+use crate::runtime::events::EventRecorder;
+use crate::runtime::reachability::Reachability;
+use crate::runtime::retry::requeue;
+use crate::runtime::shared::WatchesSynced;
+use crate::runtime::store::{RecentSet, Store};
+use crate::workqueue::WorkQueue;
+use metrics::EvictionMetrics;
+use tracking::Tracking;
+
+/// kube-controller-manager's name for it: the workqueue's `name`, the
+/// event source, the status field manager.
+pub const CONTROLLER_NAME: &str = "device-taint-eviction-controller";
+
+/// The reason of its events (Normal).
+pub(crate) const EVENT_REASON: &str = "DeviceTaintManagerEviction";
+
+/// How many evicted pod UIDs are remembered, so that an eviction is not
+/// attempted twice while the deletion travels back through the watch.
+const EVICTED_REMEMBERED: usize = 500;
+
+/// A rule's status is looked at again this long after one of its pods was
+/// scheduled for eviction or evicted.
+const RULE_RECHECK: Duration = Duration::from_secs(10);
+
+/// One work item: a pod to evict (`namespace/name`), or a rule whose
+/// status to write (its name).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Item {
+    Pod(String),
+    Rule(String),
+}
+
+/// What the admin set.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// `--concurrent-device-taint-eviction-syncs`.
+    pub workers: usize,
+    pub gates: FeatureGates,
+    /// `--device-taint-evictions-per-second` (0: unpaced, as upstream).
+    pub evictions_per_second: f64,
+    /// `--device-taint-evictions-per-rule-per-second` (0: unpaced).
+    pub evictions_per_rule_per_second: f64,
+    /// `--device-taint-eviction-max-share` (1 or more: no guard).
+    pub max_share: f64,
+}
+
+/// The stores it reads (none of them its own).
+pub struct Stores {
+    pub pods: Arc<Store<PodView>>,
+    pub claims: Arc<Store<ClaimView>>,
+    /// The process's slices and rules.
+    pub devices: DeviceStores,
+    /// Whether every watch has its first list in.
+    pub synced: WatchesSynced,
+    /// The version rules are served in, once discovery found it.
+    pub rules_version: Arc<OnceLock<RulesVersion>>,
+}
+
+pub struct Controller {
+    client: kube::Client,
+    events: Arc<EventRecorder>,
+    metrics: EvictionMetrics,
+    settings: Settings,
+    stores: Stores,
+    tracking: Mutex<Tracking>,
+    evicted: RecentSet<String>,
+    queue: WorkQueue<Item>,
+    leading: AtomicBool,
+    reachability: Arc<Reachability>,
+    overall: Option<DefaultDirectRateLimiter>,
+    per_rule: Option<DefaultKeyedRateLimiter<String>>,
+}
+
+/// A limiter of `rate` per second (fractions allowed) with a burst of one
+/// second's worth; `None` for 0.
+fn quota(rate: f64) -> Option<Quota> {
+    if rate.is_nan() || rate <= 0.0 || !rate.is_finite() {
+        return None;
+    }
+    let burst = NonZeroU32::new(rate.ceil().min(u32::MAX as f64) as u32).unwrap_or(NonZeroU32::MIN);
+    Quota::with_period(Duration::from_secs_f64(1.0 / rate)).map(|q| q.allow_burst(burst))
+}
+
+impl Controller {
+    pub fn new(
+        client: kube::Client,
+        settings: Settings,
+        stores: Stores,
+        registry: &prometheus::Registry,
+        identity: &str,
+        reachability: Arc<Reachability>,
+    ) -> anyhow::Result<Arc<Self>> {
+        let overall = quota(settings.evictions_per_second).map(RateLimiter::direct);
+        let per_rule = quota(settings.evictions_per_rule_per_second).map(RateLimiter::keyed);
+        Ok(Arc::new(Controller {
+            events: Arc::new(EventRecorder::new(
+                client.clone(),
+                CONTROLLER_NAME,
+                identity.to_string(),
+            )),
+            client,
+            metrics: EvictionMetrics::register(registry)?,
+            tracking: Mutex::new(Tracking::default()),
+            settings,
+            stores,
+            evicted: RecentSet::new(EVICTED_REMEMBERED),
+            queue: WorkQueue::new(CONTROLLER_NAME, Some(registry)),
+            leading: AtomicBool::new(false),
+            reachability,
+            overall,
+            per_rule,
+        }))
+    }
+
+    pub(crate) fn queue(&self) -> &WorkQueue<Item> {
+        &self.queue
+    }
+
+    fn is_leading(&self) -> bool {
+        self.leading.load(Ordering::Acquire)
+    }
+
+    /// Acts as leader from now on: every pending eviction and every rule's
+    /// status is queued.
+    pub(crate) fn start_leading(&self) {
+        self.leading.store(true, Ordering::Release);
+        self.refresh_all();
+        let pods = self.schedule_all_pending();
+        let rules = self.stores.devices.rules.list();
+        for rule in &rules {
+            if let Some(name) = &rule.metadata.name {
+                self.queue.add(Item::Rule(name.clone()));
+            }
+        }
+        info!(
+            pending_pods = pods,
+            rules = rules.len(),
+            "device-taint eviction leading: queued the pods to evict and every rule's status"
+        );
+    }
+
+    /// Stops handing out work and waits (bounded by the caller) for the
+    /// evictions in flight.
+    pub(crate) async fn shut_down(&self) {
+        self.leading.store(false, Ordering::Release);
+        self.queue.shut_down();
+        self.queue.wait_idle().await;
+    }
+
+    /// `--concurrent-device-taint-eviction-syncs` workers until the queue
+    /// shuts down.
+    pub(crate) async fn run_workers(self: Arc<Self>) {
+        let workers = self.settings.workers.max(1);
+        futures::future::join_all((0..workers).map(|_| self.clone().run_worker())).await;
+    }
+
+    async fn run_worker(self: Arc<Self>) {
+        loop {
+            self.reachability.wait_reachable().await;
+            let Some(item) = self.queue.get().await else {
+                return;
+            };
+            let started = Instant::now();
+            let span = match &item {
+                Item::Pod(key) => info_span!("device-taint-eviction", pod = %key),
+                Item::Rule(name) => info_span!("device-taint-rule-status", rule = %name),
+            };
+            let result = match &item {
+                Item::Pod(key) => self.evict(key).instrument(span.clone()).await,
+                Item::Rule(name) => self.sync_rule(name).instrument(span.clone()).await,
+            };
+            let _entered = span.enter();
+            if let Ok(None) = &result {
+                debug!(elapsed_ms = started.elapsed().as_millis() as u64, "done");
+            }
+            requeue(&self.queue, &self.reachability, &item, result);
+            self.queue.done(&item);
+        }
+    }
+
+    /// Waits for this eviction's turn under the pacing flags: overall,
+    /// then for each rule among its reasons. Returns the seconds waited.
+    async fn pace(&self, rules: &[String]) -> f64 {
+        let started = Instant::now();
+        if let Some(overall) = &self.overall {
+            overall.until_ready().await;
+        }
+        if let Some(per_rule) = &self.per_rule {
+            for rule in rules {
+                per_rule.until_key_ready(rule).await;
+            }
+        }
+        let waited = started.elapsed().as_secs_f64();
+        self.metrics.paced(waited);
+        waited
+    }
+}

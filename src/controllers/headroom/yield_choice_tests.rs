@@ -105,6 +105,8 @@ const GATES: Gates = Gates {
     extended_resource: true,
     workload_resource_claims: false,
     generic_workload: false,
+    device_taints: true,
+    device_taint_rules: false,
     release: crate::model::features::Release::V1_36,
 };
 

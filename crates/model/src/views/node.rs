@@ -48,6 +48,10 @@ pub struct DeviceStores {
     pub classes:
         std::sync::Arc<dra_runtime::store::Store<k8s_openapi::api::resource::v1::DeviceClass>>,
     pub nodes: std::sync::Arc<dra_runtime::store::Store<NodeView>>,
+    /// DeviceTaintRules (served as `resource.k8s.io/v1`, or converted from
+    /// `v1beta2`), keyed by name; empty while `DRADeviceTaintRules` is off.
+    pub rules:
+        std::sync::Arc<dra_runtime::store::Store<k8s_openapi::api::resource::v1::DeviceTaintRule>>,
 }
 
 impl Default for DeviceStores {
@@ -56,6 +60,7 @@ impl Default for DeviceStores {
             slices: std::sync::Arc::new(dra_runtime::store::Store::new(Vec::new())),
             classes: std::sync::Arc::new(dra_runtime::store::Store::new(Vec::new())),
             nodes: std::sync::Arc::new(dra_runtime::store::Store::new(Vec::new())),
+            rules: std::sync::Arc::new(dra_runtime::store::Store::new(Vec::new())),
         }
     }
 }

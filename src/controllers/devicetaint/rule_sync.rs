@@ -1,0 +1,169 @@
+//! Writes a DeviceTaintRule's `EvictionInProgress` condition: what the
+//! rule is doing, read from the controller's state (for `None`, what
+//! `NoExecute` would do, simulated on the current stores), server-side
+//! applied to the status in the version the API server serves.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::DeviceTaintRule;
+use k8s_openapi::jiff::{Timestamp, Unit};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use serde_json::json;
+use tracing::{debug, info};
+
+use super::decide::pod_eviction;
+use super::rule_status::{CONDITION_TYPE, RuleState, StatusWrite, rule_condition, status_write};
+use super::{CONTROLLER_NAME, Controller};
+use crate::model::device_taints::{DeviceTaints, TaintRule, published_devices_selected};
+use crate::runtime::error::{SyncError, kube_err};
+use crate::runtime::store::object_key;
+
+impl Controller {
+    /// Writes the status of the rule `name` if it changed; `Some(delay)`:
+    /// written too recently, look again after it.
+    pub(crate) async fn sync_rule(&self, name: &str) -> Result<Option<Duration>, SyncError> {
+        let Some(rule) = self.stores.devices.rules.get(name) else {
+            debug!("rule gone");
+            return Ok(None);
+        };
+        let Some(version) = self.stores.rules_version.get().copied() else {
+            return Ok(None);
+        };
+        let uid = rule.metadata.uid.clone().unwrap_or_default();
+        let state = self.rule_state(&rule);
+        let evicted = self
+            .tracking
+            .lock()
+            .unwrap()
+            .evicted_by_rule
+            .get(&uid)
+            .copied()
+            .unwrap_or(0);
+        let wanted = rule_condition(name, &state, evicted);
+        let now = Timestamp::now();
+        let condition = match status_write(&rule, wanted, now) {
+            StatusWrite::Unchanged => return Ok(None),
+            StatusWrite::After(delay) => return Ok(Some(delay)),
+            StatusWrite::Write(condition) => condition,
+        };
+        let (group, api_version) = version
+            .api_version()
+            .split_once('/')
+            .unwrap_or(("resource.k8s.io", "v1"));
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(group, api_version, "DeviceTaintRule"),
+            "devicetaintrules",
+        );
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
+        let body = json!({
+            "apiVersion": version.api_version(),
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": name, "uid": uid},
+            "status": {"conditions": [{
+                "type": CONDITION_TYPE,
+                "status": condition.status,
+                "reason": condition.reason,
+                "message": condition.message,
+                "observedGeneration": rule.metadata.generation,
+                "lastTransitionTime": now.round(Unit::Second).unwrap_or(now),
+            }]},
+        });
+        let params = PatchParams::apply(CONTROLLER_NAME).force();
+        match api.patch_status(name, &params, &Patch::Apply(body)).await {
+            Ok(_) => {}
+            // Deleted or recreated meanwhile: its own events bring it back.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(None),
+            Err(e) => {
+                return Err(kube_err(format!(
+                    "writing the status of DeviceTaintRule {name}"
+                ))(e));
+            }
+        }
+        info!(reason = condition.reason, message = %condition.message, "DeviceTaintRule status written");
+        Ok(None)
+    }
+
+    /// What the rule does now.
+    fn rule_state(&self, rule: &DeviceTaintRule) -> RuleState {
+        let name = rule.metadata.name.as_deref().unwrap_or_default();
+        let uid = rule.metadata.uid.as_deref().unwrap_or_default();
+        match rule.spec.taint.effect.as_str() {
+            "NoExecute" => {
+                let tracking = self.tracking.lock().unwrap();
+                if let Some(held) = tracking.held.get(name) {
+                    return RuleState::Held {
+                        selected: held.selected,
+                        allocated: held.allocated,
+                        max_share: self.settings.max_share,
+                    };
+                }
+                let mut namespaces = BTreeSet::new();
+                let mut pending_pods = 0;
+                for (key, pending) in &tracking.pending {
+                    if !pending.has_rule_uid(uid) {
+                        continue;
+                    }
+                    let deleting = self.stores.pods.get(key).is_none_or(|p| p.is_deleting());
+                    if !deleting {
+                        pending_pods += 1;
+                        namespaces.insert(key.split('/').next().unwrap_or_default().to_string());
+                    }
+                }
+                RuleState::NoExecute {
+                    pending_pods,
+                    namespaces: namespaces.len(),
+                }
+            }
+            "None" => self.simulate(rule),
+            _ => RuleState::OtherEffect,
+        }
+    }
+
+    /// What the rule would do with the `NoExecute` effect: the devices it
+    /// selects (published, allocated), and the pods it would evict.
+    fn simulate(&self, rule: &DeviceTaintRule) -> RuleState {
+        let mut as_no_execute = TaintRule::from_v1(rule);
+        as_no_execute.taint.effect = "NoExecute".into();
+        let slices = self.stores.devices.slices.list();
+        let published =
+            published_devices_selected(slices.iter().map(|s| s.as_ref()), &as_no_execute);
+        let only_this = DeviceTaints::new(std::iter::empty(), vec![as_no_execute.clone()]);
+        let mut allocated = 0;
+        let mut pods = BTreeSet::new();
+        for claim in self.stores.claims.list() {
+            let Some(allocation) = &claim.status.allocation else {
+                continue;
+            };
+            let selected = allocation
+                .devices
+                .results
+                .iter()
+                .filter(|d| as_no_execute.selects(&d.driver, &d.pool, &d.device))
+                .count();
+            if selected > 0 {
+                allocated += selected;
+                self.pods_of_claim(&claim, &mut pods);
+            }
+        }
+        let claims = &self.stores.claims;
+        let mut evicted = 0;
+        let mut namespaces = BTreeSet::new();
+        for key in &pods {
+            let Some(pod) = self.stores.pods.get(key) else {
+                continue;
+            };
+            let lookup = |ns: &str, name: &str| claims.get(&object_key(ns, name));
+            if pod_eviction(&pod, lookup, &only_this, self.pod_group_claims()).is_some() {
+                evicted += 1;
+                namespaces.insert(pod.namespace().to_string());
+            }
+        }
+        RuleState::NoEffect {
+            published,
+            allocated,
+            pods: evicted,
+            namespaces: namespaces.len(),
+        }
+    }
+}

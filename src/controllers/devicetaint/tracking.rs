@@ -1,0 +1,357 @@
+//! What the controller keeps between events: the index of every device's
+//! taints (held rules left out), the evictions pending by pod, the rules
+//! held by the guard, and how many pods each rule evicted. Every change of
+//! a store brings the pods it may concern here to be decided again.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::DeviceTaintRule;
+use k8s_openapi::jiff::Timestamp;
+use tracing::{info, warn};
+
+use super::decide::{Eviction, pod_eviction};
+use super::rule_status::{CONFIRM_ANNOTATION, is_held};
+use super::{Controller, EVENT_REASON, Item, RULE_RECHECK};
+use crate::model::consumers::{is_pod_consumer, is_pod_group_consumer};
+use crate::model::device_taints::{DeviceTaints, TaintRule, TaintSource};
+use crate::model::indexes::PODS_BY_GROUP;
+use crate::model::views::ClaimView;
+use crate::runtime::events::Involved;
+use crate::runtime::store::object_key;
+
+/// An eviction decided for one pod (by UID: a pod replaced under the same
+/// name is another pod).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Pending {
+    pub uid: String,
+    pub eviction: Eviction,
+}
+
+impl Pending {
+    /// The names of the rules among its reasons.
+    pub(crate) fn rules(&self) -> Vec<String> {
+        self.eviction
+            .reasons
+            .iter()
+            .filter_map(|r| match r {
+                TaintSource::Rule { name, .. } => Some(name.clone()),
+                TaintSource::Slice { .. } => None,
+            })
+            .collect()
+    }
+
+    pub(crate) fn has_rule_uid(&self, uid: &str) -> bool {
+        self.eviction
+            .reasons
+            .iter()
+            .any(|r| matches!(r, TaintSource::Rule { uid: u, .. } if u == uid))
+    }
+}
+
+/// A rule the guard holds: how many allocated devices it selects, of how
+/// many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub selected: usize,
+    pub allocated: usize,
+}
+
+#[derive(Default)]
+pub(crate) struct Tracking {
+    pub taints: Arc<DeviceTaints>,
+    pub pending: HashMap<String, Pending>,
+    pub held: BTreeMap<String, Held>,
+    /// Pods evicted since this replica started leading, by rule UID.
+    pub evicted_by_rule: HashMap<String, u64>,
+}
+
+impl Controller {
+    pub(crate) fn pod_group_claims(&self) -> bool {
+        self.settings.gates.workload_resource_claims
+    }
+
+    /// Rebuilds the taint index (and decides the guard's holds) from the
+    /// stores, then decides every pod with an allocated claim again.
+    pub(crate) fn refresh_all(&self) {
+        self.refresh_taints();
+        let keys = self.pods_with_allocated_claims();
+        self.decide_pods(keys);
+    }
+
+    /// Rebuilds the index of taints from the slices and the rules not held.
+    pub(crate) fn refresh_taints(&self) {
+        let rules: Vec<Arc<DeviceTaintRule>> = self.stores.devices.rules.list();
+        let held = self.decide_holds(&rules);
+        let slices = self.stores.devices.slices.list();
+        let rules = rules
+            .iter()
+            .filter(|r| !held.contains_key(r.metadata.name.as_deref().unwrap_or_default()))
+            .map(|r| TaintRule::from_v1(r))
+            .collect();
+        let taints = Arc::new(DeviceTaints::new(slices.iter().map(|s| s.as_ref()), rules));
+        let mut tracking = self.tracking.lock().unwrap();
+        tracking.taints = taints;
+        let newly_held: Vec<(String, Held)> = held
+            .iter()
+            .filter(|(name, _)| !tracking.held.contains_key(*name))
+            .map(|(n, h)| (n.clone(), *h))
+            .collect();
+        tracking.held = held;
+        self.metrics.set_held(tracking.held.len());
+        drop(tracking);
+        for (name, held) in newly_held {
+            self.tell_held(&name, held);
+        }
+    }
+
+    /// The `NoExecute` rules the guard holds now: unconfirmed, selecting
+    /// more than the allowed share of the allocated devices.
+    fn decide_holds(&self, rules: &[Arc<DeviceTaintRule>]) -> BTreeMap<String, Held> {
+        let max_share = self.settings.max_share;
+        let candidates: Vec<(&Arc<DeviceTaintRule>, TaintRule)> = rules
+            .iter()
+            .filter(|r| r.spec.taint.effect == "NoExecute")
+            .filter(|r| {
+                r.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(CONFIRM_ANNOTATION))
+                    .is_none_or(|v| v != "true")
+            })
+            .map(|r| (r, TaintRule::from_v1(r)))
+            .collect();
+        if max_share >= 1.0 || candidates.is_empty() {
+            return BTreeMap::new();
+        }
+        let claims = self.stores.claims.list();
+        let allocated: Vec<_> = claims
+            .iter()
+            .filter_map(|c| c.status.allocation.as_ref())
+            .flat_map(|a| a.devices.results.iter())
+            .collect();
+        let mut held = BTreeMap::new();
+        for (rule, taint_rule) in candidates {
+            let selected = allocated
+                .iter()
+                .filter(|d| taint_rule.selects(&d.driver, &d.pool, &d.device))
+                .count();
+            if is_held(selected, allocated.len(), max_share, false) {
+                held.insert(
+                    rule.metadata.name.clone().unwrap_or_default(),
+                    Held {
+                        selected,
+                        allocated: allocated.len(),
+                    },
+                );
+            }
+        }
+        held
+    }
+
+    /// Says once, in the log and as a Warning event on the rule, that a
+    /// rule is held and how to confirm it.
+    fn tell_held(&self, name: &str, held: Held) {
+        warn!(
+            rule = %name,
+            selected = held.selected,
+            allocated = held.allocated,
+            max_share = self.settings.max_share,
+            "DeviceTaintRule held: it selects more of the allocated devices than \
+             --device-taint-eviction-max-share allows; annotate it {CONFIRM_ANNOTATION}=true to evict"
+        );
+        if !self.is_leading() {
+            return;
+        }
+        let Some(rule) = self.stores.devices.rules.get(name) else {
+            return;
+        };
+        let events = self.events.clone();
+        let message = format!(
+            "Not evicting: this rule selects {} of the {} allocated devices, more than \
+             --device-taint-eviction-max-share={} allows. Confirm with: kubectl annotate \
+             devicetaintrule {name} {CONFIRM_ANNOTATION}=true",
+            held.selected, held.allocated, self.settings.max_share
+        );
+        let (name, uid) = (
+            name.to_string(),
+            rule.metadata.uid.clone().unwrap_or_default(),
+        );
+        let api_version = self
+            .stores
+            .rules_version
+            .get()
+            .map_or("resource.k8s.io/v1", |v| v.api_version())
+            .to_string();
+        tokio::spawn(async move {
+            let involved = Involved {
+                api_version,
+                kind: "DeviceTaintRule",
+                name: &name,
+                namespace: "default",
+                uid: &uid,
+                resource_version: None,
+            };
+            events.warn(&involved, "EvictionHeld", &message).await;
+        });
+    }
+
+    /// Every pod a claim is reserved for (pods by name and UID; with
+    /// PodGroup claims, the members of a reserved PodGroup).
+    pub(crate) fn pods_of_claim(&self, claim: &ClaimView, into: &mut BTreeSet<String>) {
+        for r in claim.status.reserved_for.iter() {
+            if is_pod_consumer(r) {
+                let key = object_key(claim.namespace(), &r.name);
+                if self.stores.pods.get(&key).is_some_and(|p| p.uid() == r.uid) {
+                    into.insert(key);
+                }
+            } else if is_pod_group_consumer(r) && self.pod_group_claims() {
+                let group = object_key(claim.namespace(), &r.name);
+                for pod in self.stores.pods.by_index(PODS_BY_GROUP, &group) {
+                    into.insert(object_key(pod.namespace(), pod.name()));
+                }
+            }
+        }
+    }
+
+    /// The pods of every allocated claim.
+    pub(crate) fn pods_with_allocated_claims(&self) -> BTreeSet<String> {
+        let mut keys = BTreeSet::new();
+        for claim in self.stores.claims.list() {
+            if claim.status.allocation.is_some() {
+                self.pods_of_claim(&claim, &mut keys);
+            }
+        }
+        // Pods still pending may have lost their claims meanwhile.
+        keys.extend(self.tracking.lock().unwrap().pending.keys().cloned());
+        keys
+    }
+
+    /// The pods of the allocated claims with a device in `pool`.
+    pub(crate) fn pods_using_pool(&self, driver: &str, pool: &str) -> BTreeSet<String> {
+        let mut keys = BTreeSet::new();
+        for claim in self.stores.claims.list() {
+            let uses = claim.status.allocation.as_ref().is_some_and(|a| {
+                a.devices
+                    .results
+                    .iter()
+                    .any(|d| d.driver == driver && d.pool == pool)
+            });
+            if uses {
+                self.pods_of_claim(&claim, &mut keys);
+            }
+        }
+        keys
+    }
+
+    /// Decides each pod again.
+    pub(crate) fn decide_pods(&self, keys: impl IntoIterator<Item = String>) {
+        for key in keys {
+            self.decide_pod(&key);
+        }
+    }
+
+    /// When the pod `key` must go now, if ever; a new or changed eviction
+    /// is scheduled, one no longer due is cancelled (with upstream's
+    /// event).
+    pub(crate) fn decide_pod(&self, key: &str) {
+        let pod = self.stores.pods.get(key);
+        let mut tracking = self.tracking.lock().unwrap();
+        let decided = pod.as_ref().and_then(|pod| {
+            let claim = |ns: &str, name: &str| self.stores.claims.get(&object_key(ns, name));
+            pod_eviction(pod, claim, &tracking.taints, self.pod_group_claims()).map(|eviction| {
+                Pending {
+                    uid: pod.uid().to_string(),
+                    eviction,
+                }
+            })
+        });
+        let before = tracking.pending.get(key).cloned();
+        match decided {
+            Some(pending) if before.as_ref() == Some(&pending) => {}
+            Some(pending) => {
+                tracking.pending.insert(key.to_string(), pending.clone());
+                drop(tracking);
+                self.schedule(key, &pending);
+            }
+            None => {
+                let Some(before) = tracking.pending.remove(key) else {
+                    return;
+                };
+                drop(tracking);
+                // A deleted pod is cancelled without a word, as upstream.
+                if let Some(pod) = pod.filter(|p| p.uid() == before.uid) {
+                    info!(pod = %key, "device-taint eviction cancelled");
+                    self.tell_pod(
+                        pod.namespace(),
+                        pod.name(),
+                        pod.uid(),
+                        "Cancelling deletion",
+                    );
+                }
+            }
+        }
+    }
+
+    /// A pod deleted: its eviction goes without a word.
+    pub(crate) fn forget_pod(&self, key: &str) {
+        self.tracking.lock().unwrap().pending.remove(key);
+    }
+
+    /// Queues the eviction for its time (leader only), and the status of
+    /// each rule among its reasons for a little later.
+    fn schedule(&self, key: &str, pending: &Pending) {
+        if !self.is_leading() {
+            return;
+        }
+        let now = Timestamp::now();
+        let at = pending.eviction.at;
+        if at <= now {
+            self.queue.add(Item::Pod(key.to_string()));
+        } else {
+            let delay = now.duration_until(at).unsigned_abs();
+            self.queue.add_after(Item::Pod(key.to_string()), delay);
+        }
+        info!(pod = %key, at = %at, reasons = pending.eviction.reasons.len(), "device-taint eviction scheduled");
+        for rule in pending.rules() {
+            self.queue.add_after(Item::Rule(rule), RULE_RECHECK);
+        }
+    }
+
+    /// Queues every pending eviction; returns how many.
+    pub(crate) fn schedule_all_pending(&self) -> usize {
+        let pending: Vec<(String, Pending)> = self
+            .tracking
+            .lock()
+            .unwrap()
+            .pending
+            .iter()
+            .map(|(k, p)| (k.clone(), p.clone()))
+            .collect();
+        for (key, p) in &pending {
+            self.schedule(key, p);
+        }
+        pending.len()
+    }
+
+    /// A Normal event about the pod (leader only; written in the
+    /// background: watch handlers never wait on the API server).
+    pub(crate) fn tell_pod(&self, namespace: &str, name: &str, uid: &str, message: &'static str) {
+        if !self.is_leading() {
+            return;
+        }
+        let events = self.events.clone();
+        let (name, namespace, uid) = (name.to_string(), namespace.to_string(), uid.to_string());
+        tokio::spawn(async move {
+            let involved = Involved {
+                api_version: "v1".into(),
+                kind: "Pod",
+                name: &name,
+                namespace: &namespace,
+                uid: &uid,
+                resource_version: None,
+            };
+            events.normal(&involved, EVENT_REASON, message).await;
+        });
+    }
+}

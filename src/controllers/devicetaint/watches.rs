@@ -1,0 +1,141 @@
+//! What wakes the eviction controller: a pod's change decides that pod
+//! again; a claim's change decides the pods it is (or was) reserved for; a
+//! slice change that may move a taint rebuilds the index and decides the
+//! pods using its pool; a rule's spec (or confirmation) change rebuilds
+//! the index, decides every pod with an allocated claim and writes the
+//! rule's status at once. Status-only rule updates do nothing.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::resource::v1::{DeviceTaintRule, ResourceSlice};
+use tracing::info;
+
+use super::rule_status::CONFIRM_ANNOTATION;
+use super::{Controller, Item};
+use crate::model::views::{ClaimView, PodView};
+use crate::runtime::informer::Observer;
+use crate::runtime::store::object_key;
+
+impl Observer<PodView> for Controller {
+    fn relisted(&self) {
+        self.refresh_all();
+    }
+    fn applied(&self, _old: Option<&PodView>, pod: &PodView) {
+        self.decide_pod(&object_key(pod.namespace(), pod.name()));
+    }
+    fn deleted(&self, pod: &PodView) {
+        self.forget_pod(&object_key(pod.namespace(), pod.name()));
+    }
+}
+
+impl Observer<ClaimView> for Controller {
+    fn relisted(&self) {
+        self.refresh_all();
+    }
+    fn applied(&self, old: Option<&ClaimView>, claim: &ClaimView) {
+        let mut keys = BTreeSet::new();
+        if let Some(old) = old {
+            self.pods_of_claim(old, &mut keys);
+        }
+        self.pods_of_claim(claim, &mut keys);
+        self.decide_pods(keys);
+    }
+    fn deleted(&self, claim: &ClaimView) {
+        let mut keys = BTreeSet::new();
+        self.pods_of_claim(claim, &mut keys);
+        self.decide_pods(keys);
+    }
+}
+
+/// Whether any device of the slice carries a taint.
+fn tainted(slice: &ResourceSlice) -> bool {
+    slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .any(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()))
+}
+
+impl Controller {
+    fn slice_changed(&self, slice: &ResourceSlice) {
+        self.refresh_taints();
+        let keys = self.pods_using_pool(&slice.spec.driver, &slice.spec.pool.name);
+        self.decide_pods(keys);
+    }
+}
+
+impl Observer<ResourceSlice> for Controller {
+    fn relisted(&self) {
+        self.refresh_all();
+    }
+    fn applied(&self, old: Option<&ResourceSlice>, slice: &ResourceSlice) {
+        // Most updates move no taint: a new slice may replace a tainted
+        // generation, a tainted one may change, a generation may move on.
+        let may_move = match old {
+            None => true,
+            Some(old) => {
+                tainted(old)
+                    || tainted(slice)
+                    || old.spec.pool.generation != slice.spec.pool.generation
+            }
+        };
+        if may_move {
+            self.slice_changed(slice);
+        }
+    }
+    fn deleted(&self, slice: &ResourceSlice) {
+        self.slice_changed(slice);
+    }
+}
+
+/// What of a rule matters to eviction: its spec and whether an admin
+/// confirmed it.
+fn rule_input(rule: &DeviceTaintRule) -> (serde_json::Value, Option<&String>) {
+    (
+        serde_json::to_value(&rule.spec).unwrap_or_default(),
+        rule.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CONFIRM_ANNOTATION)),
+    )
+}
+
+impl Observer<DeviceTaintRule> for Controller {
+    fn relisted(&self) {
+        info!(
+            rules = self.stores.devices.rules.len(),
+            "DeviceTaintRules loaded"
+        );
+        self.refresh_all();
+        if self.is_leading() {
+            for rule in self.stores.devices.rules.list() {
+                if let Some(name) = &rule.metadata.name {
+                    self.queue.add(Item::Rule(name.clone()));
+                }
+            }
+        }
+    }
+    fn applied(&self, old: Option<&DeviceTaintRule>, rule: &DeviceTaintRule) {
+        let changed = old.is_none_or(|old| {
+            rule_input(old) != rule_input(rule) || old.metadata.uid != rule.metadata.uid
+        });
+        if !changed {
+            return;
+        }
+        // The status first, as upstream: it is written from what the rule
+        // selects now.
+        if self.is_leading()
+            && let Some(name) = &rule.metadata.name
+        {
+            self.queue.add(Item::Rule(name.clone()));
+        }
+        self.refresh_all();
+    }
+    fn deleted(&self, rule: &DeviceTaintRule) {
+        if let Some(uid) = &rule.metadata.uid {
+            self.tracking.lock().unwrap().evicted_by_rule.remove(uid);
+        }
+        self.refresh_all();
+    }
+}
