@@ -174,8 +174,21 @@ fn rules_by_resource(role: &Value) -> BTreeMap<(String, String), BTreeSet<String
 
 fn expected_cluster_rules() -> BTreeMap<(String, String), BTreeSet<String>> {
     [
-        ("", "pods", &["get", "list", "watch"][..]),
+        // Pods: the claim controller reads them; the device-taint eviction
+        // controller (on by default) deletes them.
+        ("", "pods", &["get", "list", "watch", "delete"][..]),
         ("", "pods/status", &["patch"]),
+        (
+            "resource.k8s.io",
+            "resourceslices",
+            &["get", "list", "watch"],
+        ),
+        (
+            "resource.k8s.io",
+            "devicetaintrules",
+            &["get", "list", "watch"],
+        ),
+        ("resource.k8s.io", "devicetaintrules/status", &["patch"]),
         (
             "resource.k8s.io",
             "resourceclaims",
@@ -217,8 +230,12 @@ fn expected_cluster_rules() -> BTreeMap<(String, String), BTreeSet<String>> {
 /// (PodGroups, headroom's front doors).
 fn start_up_urls() -> Vec<String> {
     use dra_claim_controller::controllers::headroom::{buffer, seed, watermark};
+    use dra_claim_controller::model::device_taints::RulesVersion;
     use dra_claim_controller::model::views::PodGroupApi;
     let mut urls = vec!["/version".to_string()];
+    urls.extend(
+        [RulesVersion::V1, RulesVersion::V1beta2].map(|v| format!("/apis/{}", v.api_version())),
+    );
     urls.extend(
         PodGroupApi::VERSIONS
             .iter()
@@ -242,8 +259,33 @@ fn expected_args(values: &Value) -> Vec<String> {
     if !kubeconfig.is_empty() {
         out.push(format!("--kubeconfig={kubeconfig}"));
     }
-    if values["headroom"]["enabled"].as_bool() == Some(true) {
-        out.push("--controllers=resourceclaim,headroom".to_string());
+    let eviction = &values["deviceTaintEviction"];
+    let evicting = eviction["enabled"].as_bool() == Some(true);
+    let headroom = values["headroom"]["enabled"].as_bool() == Some(true);
+    out.push(format!(
+        "--controllers={}{}",
+        if evicting { "*" } else { "resourceclaim" },
+        if headroom { ",headroom" } else { "" }
+    ));
+    if evicting {
+        out.extend([
+            format!(
+                "--concurrent-device-taint-eviction-syncs={}",
+                str_of(&eviction["concurrentSyncs"])
+            ),
+            format!(
+                "--device-taint-evictions-per-second={}",
+                str_of(&eviction["evictionsPerSecond"])
+            ),
+            format!(
+                "--device-taint-evictions-per-rule-per-second={}",
+                str_of(&eviction["evictionsPerRulePerSecond"])
+            ),
+            format!(
+                "--device-taint-eviction-max-share={}",
+                str_of(&eviction["maxShare"])
+            ),
+        ]);
     }
     out.extend([
         format!("--kube-api-qps={}", str_of(&values["kubeAPI"]["qps"])),
@@ -376,6 +418,8 @@ fn allocation_rules() -> BTreeMap<(String, String), BTreeSet<String>> {
 
 #[path = "helm_chart/deployment.rs"]
 mod deployment;
+#[path = "helm_chart/device_taints.rs"]
+mod device_taints;
 #[path = "helm_chart/headroom.rs"]
 mod headroom;
 #[path = "helm_chart/monitoring.rs"]

@@ -8,9 +8,9 @@ use super::*;
 fn headroom_adds_its_flag_class_and_rights_only_when_enabled() {
     let off = render_or_skip!(&[]);
     assert!(all_of_kind(&off, "PriorityClass").is_empty());
-    assert!(!args(&off).iter().any(|a| a.starts_with("--controllers")));
+    assert!(args(&off).contains(&"--controllers=*".to_string()));
     let on = render_or_skip!(&[("headroom.enabled", "true")]);
-    assert!(args(&on).contains(&"--controllers=resourceclaim,headroom".to_string()));
+    assert!(args(&on).contains(&"--controllers=*,headroom".to_string()));
     let class = one_of_kind(&on, "PriorityClass");
     assert_eq!(class["metadata"]["name"], "dra-headroom");
     assert_eq!(class["value"], -1);

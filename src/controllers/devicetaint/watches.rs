@@ -123,14 +123,14 @@ impl Observer<DeviceTaintRule> for Controller {
         if !changed {
             return;
         }
-        // The status first, as upstream: it is written from what the rule
-        // selects now.
+        // Decided first (held or not, which pods), so that the status
+        // written at once says what the rule does.
+        self.refresh_all();
         if self.is_leading()
             && let Some(name) = &rule.metadata.name
         {
             self.queue.add(Item::Rule(name.clone()));
         }
-        self.refresh_all();
     }
     fn deleted(&self, rule: &DeviceTaintRule) {
         if let Some(uid) = &rule.metadata.uid {
