@@ -17,6 +17,8 @@
 //! Pod start-up on a real node (kubelet, containerd, the DRA test driver),
 //! ours against the reference: `cargo bench --bench lifecycle -- --real-node`
 //! (see `real_node.rs`).
+//! Device-taint eviction, ours paced and unpaced against the reference's:
+//! `cargo bench --bench lifecycle -- --device-taints` (see `device_taints.rs`).
 //! (`--help` lists the flags). On a busy machine add `--rounds 2`: the
 //! controllers then alternate in turn and the table shows medians.
 //! Nothing here asserts on time: it measures and reports.
@@ -26,6 +28,8 @@
 
 use dra_e2e::{cluster, helm, procs, rawhttp, reference, scheduler};
 
+#[path = "lifecycle/device_taints.rs"]
+mod device_taints;
 #[path = "lifecycle/hostile.rs"]
 mod hostile;
 #[path = "lifecycle/load.rs"]
@@ -103,6 +107,9 @@ pub struct Args {
     /// Pod start-up on a real node (`--real-node`) and its flags.
     #[command(flatten)]
     pub real_node: real_node::RealNodeArgs,
+    /// Device-taint eviction beside kube-controller-manager (`--device-taints`).
+    #[command(flatten)]
+    pub device_taints: device_taints::DeviceTaintArgs,
     /// Passed by `cargo bench`; without it the binary was started by
     /// `cargo test` and does nothing.
     #[arg(long, hide = true)]
@@ -160,6 +167,9 @@ async fn run(args: &Args, bins: &Binaries) -> anyhow::Result<()> {
     }
     if args.real_node.real_node {
         return real_node::run(args, bins, reference.as_deref()).await;
+    }
+    if args.device_taints.device_taints {
+        return device_taints::run(&args.device_taints, bins, reference.as_deref()).await;
     }
     let kinds: Vec<Kind> = args
         .controllers

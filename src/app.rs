@@ -169,11 +169,13 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let device_watches = Arc::new(DeviceWatches::new());
     let mut device_observers = DeviceObservers::default();
     let (mut pod_observers, mut claim_observers) = (Vec::new(), Vec::new());
+    // The allocator and headroom's yield read rules' taints as
+    // kube-scheduler does.
     let device_kinds = Kinds {
         slices: true,
         classes: true,
         nodes: true,
-        rules: false,
+        rules: gates.device_taint_rules_on(),
     };
     let allocator = match (allocate_on_nodes, declared) {
         (Some(selector), Some(nodes)) => {

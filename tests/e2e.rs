@@ -31,6 +31,8 @@ mod api_priority;
 mod cleanup;
 #[path = "e2e/device_taints.rs"]
 mod device_taints;
+#[path = "e2e/device_taints_differential.rs"]
+mod device_taints_differential;
 #[path = "e2e/drain_check.rs"]
 mod drain_check;
 #[path = "e2e/faults_api.rs"]
@@ -49,6 +51,8 @@ mod faults_restarts;
 mod podgroups;
 #[path = "e2e/prescheduled_policy.rs"]
 mod prescheduled_policy;
+#[path = "e2e/real_node_drain.rs"]
+mod real_node_drain;
 #[path = "e2e/real_node.rs"]
 mod real_node_tests;
 

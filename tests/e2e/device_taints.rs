@@ -21,12 +21,12 @@ use crate::cluster::{ALL_CONTROLLER_GATES, ApiserverOptions, ControllerOpts};
 use crate::ctx::TestCtx;
 use crate::k8s::*;
 
-const DRIVER: &str = "test.example.com";
+pub const DRIVER: &str = "test.example.com";
 const TIMEOUT: Duration = Duration::from_secs(30);
-const TAINT_KEY: &str = "example.com/unhealthy";
+pub const TAINT_KEY: &str = "example.com/unhealthy";
 
 /// A slice on [`NODE`] publishing `devices` (name, taints) in `pool`.
-async fn publish(t: &TestCtx, pool: &str, devices: &[(&str, Value)]) -> ResourceSlice {
+pub async fn publish(t: &TestCtx, pool: &str, devices: &[(&str, Value)]) -> ResourceSlice {
     publish_in(t, pool, pool, devices).await
 }
 
@@ -58,13 +58,13 @@ async fn publish_in(
         .unwrap_or_else(|e| panic!("create slice {name}: {e}"))
 }
 
-fn no_execute() -> Value {
+pub fn no_execute() -> Value {
     json!([{"key": TAINT_KEY, "value": "true", "effect": "NoExecute"}])
 }
 
 /// A scheduled pod `name` using claim `name`, allocated `device` of `pool`
 /// with `tolerations`, reserved for the pod.
-async fn pod_on_device(
+pub async fn pod_on_device(
     t: &TestCtx,
     name: &str,
     pool: &str,
@@ -87,7 +87,7 @@ async fn pod_on_device(
 
 /// The pod was evicted as kube-controller-manager evicts: being deleted,
 /// with the `DisruptionTarget` condition of the device-taint manager.
-fn ensure_evicted(pod: Option<&Pod>) -> anyhow::Result<()> {
+pub fn ensure_evicted(pod: Option<&Pod>) -> anyhow::Result<()> {
     let Some(pod) = pod else {
         return Ok(());
     };
@@ -112,7 +112,7 @@ fn ensure_evicted(pod: Option<&Pod>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn ensure_untouched(pod: &Pod) -> anyhow::Result<()> {
+pub fn ensure_untouched(pod: &Pod) -> anyhow::Result<()> {
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     ensure!(
         pod.metadata.deletion_timestamp.is_none(),
@@ -291,6 +291,23 @@ async fn extended_resource_claim_on_a_tainted_device_is_evicted() {
     t.finish();
 }
 
+/// An API server serving DeviceTaintRules (1.36: beta, off by default).
+pub fn rules_apiserver() -> ApiserverOptions {
+    ApiserverOptions {
+        feature_gates: vec!["DRADeviceTaintRules=true".into()],
+        runtime_config: vec!["resource.k8s.io/v1beta2=true".into()],
+        ..Default::default()
+    }
+}
+
+/// Our controller with DeviceTaintRules on.
+pub fn rules_controller() -> ControllerOpts {
+    ControllerOpts {
+        feature_gates: format!("{ALL_CONTROLLER_GATES},DRADeviceTaintRules=true"),
+        ..Default::default()
+    }
+}
+
 fn rule_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("resource.k8s.io", "v1beta2", "DeviceTaintRule"),
@@ -298,7 +315,7 @@ fn rule_resource() -> ApiResource {
     )
 }
 
-async fn create_rule(t: &TestCtx, name: &str, effect: &str, selector: Value) {
+pub async fn create_rule(t: &TestCtx, name: &str, effect: &str, selector: Value) {
     let rules: Api<DynamicObject> = Api::all_with(t.client.clone(), &rule_resource());
     let rule: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1beta2",
@@ -317,7 +334,7 @@ async fn create_rule(t: &TestCtx, name: &str, effect: &str, selector: Value) {
 }
 
 /// The rule's `EvictionInProgress` condition: (status, reason, message).
-async fn rule_condition(t: &TestCtx, name: &str) -> anyhow::Result<(String, String, String)> {
+pub async fn rule_condition(t: &TestCtx, name: &str) -> anyhow::Result<(String, String, String)> {
     let rules: Api<DynamicObject> = Api::all_with(t.client.clone(), &rule_resource());
     let rule = rules.get(name).await?;
     let conditions = rule.data["status"]["conditions"]
@@ -344,20 +361,11 @@ async fn rule_condition(t: &TestCtx, name: &str) -> anyhow::Result<(String, Stri
 /// allocated device held until an admin confirms it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_taint_rules_evict_report_and_wait_for_confirmation() {
-    let apiserver = ApiserverOptions {
-        feature_gates: vec!["DRADeviceTaintRules=true".into()],
-        runtime_config: vec!["resource.k8s.io/v1beta2=true".into()],
-        ..Default::default()
-    };
-    let opts = ControllerOpts {
-        feature_gates: format!("{ALL_CONTROLLER_GATES},DRADeviceTaintRules=true"),
-        ..Default::default()
-    };
     let Some(t) = TestCtx::isolated_with(
         "device_taint_rules_evict_report_and_wait_for_confirmation",
-        opts,
+        rules_controller(),
         1,
-        &apiserver,
+        &rules_apiserver(),
     )
     .await
     else {

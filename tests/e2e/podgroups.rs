@@ -305,12 +305,7 @@ async fn podgroup_claims() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn differential_podgroup_claims() {
     const NAME: &str = "differential_podgroup_claims";
-    let Some(bins) = crate::cluster::binaries() else {
-        crate::cluster::skip_without_apiserver(NAME);
-        return;
-    };
-    let Some(kcm) = crate::reference::binary(&bins) else {
-        println!("SKIP: {NAME}: {}", crate::reference::SKIP_REASON);
+    let Some(kcm) = crate::reference::binary_or_skip(NAME) else {
         return;
     };
     let Some(mut t) =

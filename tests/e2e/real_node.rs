@@ -20,15 +20,15 @@ use crate::k8s::{TIMEOUT, wait_for};
 use crate::real_node::{self, BUSYBOX_IMAGE, DEVICE_CLASS, RealNode};
 use crate::scheduler::Scheduler;
 
-const NODE: &str = "real-node-1";
+pub const NODE: &str = "real-node-1";
 const LABEL: &str = "dra-e2e.example.com/declared";
 const SELECTOR: &str = "dra-e2e.example.com/declared=true";
 /// How long a pod may take to run on the node before a check fails (not a
 /// speed target; the figures are printed).
-const RUN_BOUND: Duration = Duration::from_secs(60);
+pub const RUN_BOUND: Duration = Duration::from_secs(60);
 
 /// `None` (after one SKIP line) where a real node cannot run here.
-fn can_run(name: &str) -> bool {
+pub fn can_run(name: &str) -> bool {
     if crate::cluster::binaries().is_none() {
         crate::cluster::skip_without_apiserver(name);
         return false;
@@ -70,7 +70,7 @@ fn pod(name: &str, script: &str, node: Option<&str>) -> Pod {
 }
 
 /// The template `tmpl`: one device of the test driver.
-async fn create_template(t: &TestCtx) {
+pub async fn create_template(t: &TestCtx) {
     crate::headroom::one_device_template(t, "tmpl", DEVICE_CLASS).await;
 }
 
@@ -83,7 +83,7 @@ fn phase(pod: &Pod) -> String {
 
 /// Waits until pod `name` reaches `want` (Running, Succeeded); returns the
 /// time since `since`.
-async fn until_phase(t: &TestCtx, name: &str, want: &str, since: Instant) -> Duration {
+pub async fn until_phase(t: &TestCtx, name: &str, want: &str, since: Instant) -> Duration {
     wait_for(&format!("pod {name} to be {want}"), RUN_BOUND, async || {
         let pod = t.pods().get(name).await?;
         let now = phase(&pod);
@@ -99,7 +99,12 @@ async fn until_phase(t: &TestCtx, name: &str, want: &str, since: Instant) -> Dur
 
 /// Creates [`pod`] `name` and waits until it runs; returns when it was
 /// created and how long it took to run.
-async fn run_pod(t: &TestCtx, name: &str, script: &str, node: Option<&str>) -> (Instant, Duration) {
+pub async fn run_pod(
+    t: &TestCtx,
+    name: &str,
+    script: &str,
+    node: Option<&str>,
+) -> (Instant, Duration) {
     let created = Instant::now();
     t.pods()
         .create(&PostParams::default(), &pod(name, script, node))
@@ -108,7 +113,7 @@ async fn run_pod(t: &TestCtx, name: &str, script: &str, node: Option<&str>) -> (
     (created, until_phase(t, name, "Running", created).await)
 }
 
-fn claim_of(pod: &Pod) -> Option<String> {
+pub fn claim_of(pod: &Pod) -> Option<String> {
     pod.status
         .as_ref()?
         .resource_claim_statuses
@@ -117,7 +122,7 @@ fn claim_of(pod: &Pod) -> Option<String> {
         .find_map(|s| s.resource_claim_name.clone())
 }
 
-async fn until_claim_gone(t: &TestCtx, claim: &str) -> Duration {
+pub async fn until_claim_gone(t: &TestCtx, claim: &str) -> Duration {
     let started = Instant::now();
     wait_for(
         &format!("claim {claim} to be gone"),
@@ -176,14 +181,7 @@ async fn a_pod_with_a_claim_runs_on_a_real_node() {
     ensure_prepared(&node, &claim);
     let succeeded = until_phase(&t, "runner", "Succeeded", created).await;
     let gone = until_claim_gone(&t, &claim).await;
-    wait_for("the driver to unprepare the claim", TIMEOUT, async || {
-        ensure!(
-            !node.driver_log_lines("NodeUnprepareResource").is_empty(),
-            "no unprepare in the driver log"
-        );
-        Ok(())
-    })
-    .await;
+    until_unprepared(&node).await;
     println!(
         "REAL NODE: {NAME}: Running {:.2}s after creation, Succeeded after {:.2}s, claim gone \
          {:.2}s after that",
@@ -193,6 +191,18 @@ async fn a_pod_with_a_claim_runs_on_a_real_node() {
     );
     drop(node);
     t.finish();
+}
+
+/// Waits until the driver logged an unprepare.
+pub async fn until_unprepared(node: &RealNode) {
+    wait_for("the driver to unprepare the claim", TIMEOUT, async || {
+        ensure!(
+            !node.driver_log_lines("NodeUnprepareResource").is_empty(),
+            "no unprepare in the driver log"
+        );
+        Ok(())
+    })
+    .await;
 }
 
 fn ensure_prepared(node: &RealNode, claim: &str) {

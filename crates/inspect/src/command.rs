@@ -1,5 +1,6 @@
-//! The `drain-check` and `audit` commands, shared by `dra-claim-controller`
-//! and the kubectl plugin `kubectl-dra`.
+//! The admin commands (`drain-check`, `audit`, `check-release`, `drain`,
+//! `uncordon`), shared by `dra-claim-controller` and the kubectl plugin
+//! `kubectl-dra`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,7 +19,7 @@ use dra_runtime::client::{
 };
 use dra_runtime::duration::FlagDuration;
 
-/// The read-only commands.
+/// The admin commands: read-only but for `drain` and `uncordon`.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Tool {
     /// Tell whether the DRA driver of a node can be removed: lists claims whose devices on the node are
@@ -31,6 +32,55 @@ pub enum Tool {
     Audit(AuditArgs),
     /// Check that an installed controller works: its pods are Ready, its Lease is held and renewed, its /metrics answers (exit 0; 1 when a check fails; 3 when the checks could not be made). The chart's `helm test` runs it.
     CheckRelease(CheckReleaseArgs),
+    /// Take a node's devices (of one driver, or all) out of service before driver maintenance: DeviceTaintRules
+    /// preview what would be evicted (effect None), then taint them NoExecute so that the device-taint eviction
+    /// controller evicts the pods using them, then wait until drain-check finds the node clean (its exit code).
+    /// Run again, it resumes. `uncordon` undoes it.
+    Drain(DrainArgs),
+    /// Remove the DeviceTaintRules `drain` made for a node: its devices serve pods again.
+    Uncordon(UncordonArgs),
+}
+
+#[derive(Debug, Clone, ClapArgs)]
+pub struct DrainArgs {
+    /// The node whose devices are to be drained.
+    #[arg(value_name = "NODE")]
+    pub node: String,
+    /// Only the devices of this driver (e.g. gpu.example.com).
+    #[arg(long)]
+    pub driver: Option<String>,
+    /// Stop after the preview: the rules stay with the None effect (evicting nobody) until `drain` runs again or `uncordon` removes them.
+    #[arg(long)]
+    pub preview: bool,
+    /// How long to wait for the preview's figures.
+    #[arg(long, default_value = "30s")]
+    pub preview_timeout: FlagDuration,
+    /// How long to wait for the node to be clean; past it, the exit code says what still blocks.
+    #[arg(long, default_value = "10m")]
+    pub timeout: FlagDuration,
+    /// Pause between checks.
+    #[arg(long, default_value = "5s")]
+    pub interval: FlagDuration,
+    /// A pod on the node whose containers finished less than this ago still blocks.
+    #[arg(long, default_value_t = FlagDuration(DEFAULT_FINISHED_GRACE))]
+    pub finished_grace: FlagDuration,
+    /// The final drain-check report's format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+#[derive(Debug, Clone, ClapArgs)]
+pub struct UncordonArgs {
+    /// The node whose drain rules to remove.
+    #[arg(value_name = "NODE")]
+    pub node: String,
+    /// Only the rules of this driver's devices.
+    #[arg(long)]
+    pub driver: Option<String>,
+    #[command(flatten)]
+    pub connection: Connection,
 }
 
 #[derive(Debug, Clone, ClapArgs)]
@@ -162,6 +212,8 @@ pub async fn run(tool: Tool) -> ExitCode {
         Tool::DrainCheck(args) => drain_check(args).await,
         Tool::Audit(args) => run_audit(args).await,
         Tool::CheckRelease(args) => check_release(args).await,
+        Tool::Drain(args) => drain(args).await,
+        Tool::Uncordon(args) => run_uncordon(args).await,
     };
     ExitCode::from(code)
 }
@@ -351,6 +403,128 @@ async fn drain_check(args: DrainCheckArgs) -> u8 {
             .unwrap_or(Duration::ZERO)
             .min(interval);
         tokio::time::sleep(pause).await;
+    }
+}
+
+async fn client_for(connection: &Connection) -> Result<kube::Client, u8> {
+    match build_client(
+        &connection_options(connection),
+        &prometheus::Registry::new(),
+    )
+    .await
+    {
+        Ok((client, _)) => Ok(client),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            Err(exit::INCOMPLETE)
+        }
+    }
+}
+
+async fn drain(args: DrainArgs) -> u8 {
+    use super::device_drain::{
+        all_slices, ensure_rules, evict, plan_rules, previews, rules_version,
+    };
+    let node = args.node.as_str();
+    let driver = args.driver.as_deref();
+    let client = match client_for(&args.connection).await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let failed = |e: String| {
+        eprintln!("error: {e}");
+        exit::INCOMPLETE
+    };
+    let version = match rules_version(&client).await {
+        Ok(v) => v,
+        Err(e) => return failed(e),
+    };
+    let slices = match all_slices(&client).await {
+        Ok(s) => s,
+        Err(e) => return failed(e),
+    };
+    let planned = plan_rules(node, driver, &slices);
+    if planned.is_empty() {
+        eprintln!(
+            "node {node} publishes no devices{}: no rule needed",
+            driver
+                .map(|d| format!(" of driver {d}"))
+                .unwrap_or_default()
+        );
+    }
+    let rules = match ensure_rules(&client, version, node, &planned).await {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    let previewing: Vec<String> = rules
+        .iter()
+        .filter(|r| r.data["spec"]["taint"]["effect"] == "None")
+        .filter_map(|r| r.metadata.name.clone())
+        .collect();
+    if !previewing.is_empty() {
+        for (name, said) in previews(&client, version, &previewing, args.preview_timeout.0).await {
+            match said {
+                Some(message) => eprintln!("preview {name}: {message}"),
+                None => eprintln!(
+                    "preview {name}: no figures yet (is a device-taint eviction controller running, with DRADeviceTaintRules on?)"
+                ),
+            }
+        }
+    }
+    if args.preview {
+        eprintln!(
+            "preview only: the rules evict nobody; run `drain {node}` again to evict, `uncordon {node}` to remove them"
+        );
+        return exit::CLEAN;
+    }
+    if let Err(e) = evict(&client, version, &rules).await {
+        return failed(e);
+    }
+    eprintln!(
+        "{} DeviceTaintRule(s) NoExecute on node {node}; waiting until no pod uses its devices",
+        rules.len()
+    );
+    drain_check(DrainCheckArgs {
+        node_name: Some(node.to_string()),
+        node: None,
+        driver: args.driver.clone(),
+        wait: Some(args.timeout),
+        interval: args.interval,
+        strict: false,
+        finished_grace: args.finished_grace,
+        output: args.output,
+        connection: args.connection,
+    })
+    .await
+}
+
+async fn run_uncordon(args: UncordonArgs) -> u8 {
+    let client = match client_for(&args.connection).await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let version = match super::device_drain::rules_version(&client).await {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::INCOMPLETE;
+        }
+    };
+    match super::device_drain::uncordon(&client, version, &args.node, args.driver.as_deref()).await
+    {
+        Ok(deleted) => {
+            for name in &deleted {
+                println!("devicetaintrule.resource.k8s.io/{name} deleted");
+            }
+            if deleted.is_empty() {
+                eprintln!("node {} has no drain rules", args.node);
+            }
+            exit::CLEAN
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            exit::INCOMPLETE
+        }
     }
 }
 

@@ -12,6 +12,7 @@
 
 mod audit;
 mod command;
+mod device_drain;
 mod drain;
 mod placement;
 mod read;

@@ -1,8 +1,8 @@
-//! `kubectl dra`: the read-only checks of dra-claim-controller as a kubectl
-//! plugin. On `PATH`, `kubectl dra drain-check NODE` and `kubectl dra
-//! audit` run the same code as `dra-claim-controller drain-check` and
-//! `dra-claim-controller audit`; `kubectl-dra completion SHELL` prints a
-//! completion script.
+//! `kubectl dra`: the admin commands of dra-claim-controller as a kubectl
+//! plugin. On `PATH`, `kubectl dra drain-check NODE`, `kubectl dra audit`,
+//! `kubectl dra drain NODE` and `kubectl dra uncordon NODE` run the same
+//! code as the `dra-claim-controller` subcommands of those names;
+//! `kubectl-dra completion SHELL` prints a completion script.
 
 use std::process::ExitCode;
 
@@ -16,7 +16,7 @@ use dra_runtime::process::exit_usage;
     name = "kubectl-dra",
     bin_name = "kubectl-dra",
     version,
-    about = "DRA checks for cluster admins: may a node's driver go (drain-check), where do ResourceClaims leak (audit)."
+    about = "DRA for cluster admins: may a node's driver go (drain-check), take a node's devices out of service before driver maintenance (drain, uncordon), where do ResourceClaims leak (audit)."
 )]
 struct Cli {
     #[command(subcommand)]

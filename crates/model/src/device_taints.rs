@@ -92,6 +92,25 @@ impl RulesVersion {
             RulesVersion::V1beta2 => "resource.k8s.io/v1beta2",
         }
     }
+
+    /// The resource, for dynamic requests in this version.
+    pub fn api_resource(self) -> kube::api::ApiResource {
+        let version = match self {
+            RulesVersion::V1 => "v1",
+            RulesVersion::V1beta2 => "v1beta2",
+        };
+        kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("resource.k8s.io", version, "DeviceTaintRule"),
+            "devicetaintrules",
+        )
+    }
+}
+
+/// The rules of a store, as the index reads them.
+pub fn rules_of(
+    rules: &[std::sync::Arc<k8s_openapi::api::resource::v1::DeviceTaintRule>],
+) -> Vec<TaintRule> {
+    rules.iter().map(|r| TaintRule::from_v1(r)).collect()
 }
 
 /// Where a taint comes from, in the order kube-controller-manager lists

@@ -88,7 +88,8 @@ pub(crate) async fn allocate_for_pod(
         .filter_map(|(c, _)| c.metadata.uid.as_deref())
         .collect();
     let in_use = state.in_use(fresh.iter().chain(cached.iter().map(|c| &**c)), &uids);
-    let inventory = allocate::node_inventory(node, &state.slices.list());
+    let rules = crate::model::device_taints::rules_of(&state.rules.list());
+    let inventory = allocate::node_inventory(node, &state.slices.list()).with_rules(&rules);
     let classes: BTreeMap<String, Arc<DeviceClass>> = state
         .classes
         .list()

@@ -31,6 +31,9 @@ pub struct Allocation {
     pub slices: Arc<Store<ResourceSlice>>,
     pub classes: Arc<Store<DeviceClass>>,
     pub all_nodes: Arc<Store<NodeView>>,
+    /// DeviceTaintRules (empty while `DRADeviceTaintRules` is off): their
+    /// taints keep devices from claims that do not tolerate them.
+    pub rules: Arc<Store<k8s_openapi::api::resource::v1::DeviceTaintRule>>,
     /// The declared nodes among them. Shared with the claim controller,
     /// which tells nobody "nothing will allocate this" for pods on these
     /// nodes.
@@ -57,6 +60,7 @@ impl Allocation {
             slices: devices.slices.clone(),
             classes: devices.classes.clone(),
             all_nodes: devices.nodes.clone(),
+            rules: devices.rules.clone(),
             nodes,
             written: Mutex::new(HashMap::new()),
             waiting: Mutex::new(BTreeMap::new()),

@@ -5,10 +5,11 @@
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry};
 
 const DELETIONS: &str = "device_taint_eviction_controller_pod_deletions_total";
+/// kube-controller-manager marks these ALPHA, and says so in the HELP text.
 const DELETIONS_HELP: &str =
-    "Total number of Pods deleted by DeviceTaintEvictionController since its start.";
+    "[ALPHA] Total number of Pods deleted by DeviceTaintEvictionController since its start.";
 const LATENCY: &str = "device_taint_eviction_controller_pod_deletion_duration_seconds";
-const LATENCY_HELP: &str = "Latency, in seconds, between the time when a device taint effect has been activated \
+const LATENCY_HELP: &str = "[ALPHA] Latency, in seconds, between the time when a device taint effect has been activated \
 and a Pod's deletion via DeviceTaintEvictionController.";
 /// kube-controller-manager's buckets.
 const LATENCY_BUCKETS: [f64; 12] = [

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use k8s_openapi::jiff::{Timestamp, Unit};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
 use tracing::{debug, info};
 
@@ -47,15 +47,7 @@ impl Controller {
             StatusWrite::After(delay) => return Ok(Some(delay)),
             StatusWrite::Write(condition) => condition,
         };
-        let (group, api_version) = version
-            .api_version()
-            .split_once('/')
-            .unwrap_or(("resource.k8s.io", "v1"));
-        let resource = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk(group, api_version, "DeviceTaintRule"),
-            "devicetaintrules",
-        );
-        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &version.api_resource());
         let body = json!({
             "apiVersion": version.api_version(),
             "kind": "DeviceTaintRule",

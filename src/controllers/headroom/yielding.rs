@@ -338,6 +338,8 @@ impl Controller {
             }
         }
         let slices = self.devices.slices.list();
+        // DeviceTaintRules' taints count as the scheduler counts them.
+        let rules = crate::model::device_taints::rules_of(&self.devices.rules.list());
         let claims = self.claims.list();
         // Devices freed for another waiting pod are as good as taken: a
         // second waiting pod must not count on them (it would wait for a
@@ -368,7 +370,7 @@ impl Controller {
                     })
                     .collect();
                 YieldNode {
-                    inventory: node_inventory(&name, &slices),
+                    inventory: node_inventory(&name, &slices).with_rules(&rules),
                     labels: node.labels().clone(),
                     taints: node.spec.taints.clone(),
                     in_use: in_use.clone(),

@@ -45,6 +45,25 @@ pub struct Inventory {
 }
 
 impl Inventory {
+    /// The devices with the taints DeviceTaintRules put on them too, as
+    /// kube-scheduler sees them: a rule's `NoSchedule` or `NoExecute` taint
+    /// keeps a device from new claims unless they tolerate it.
+    pub fn with_rules(mut self, rules: &[crate::device_taints::TaintRule]) -> Self {
+        if rules.is_empty() {
+            return self;
+        }
+        for device in self.devices.iter_mut() {
+            let id = &device.id;
+            device.taints.extend(
+                rules
+                    .iter()
+                    .filter(|r| r.selects(&id.driver, &id.pool, &id.device))
+                    .map(|r| r.taint.clone()),
+            );
+        }
+        self
+    }
+
     pub(crate) fn pool_problems(&self) -> impl Iterator<Item = (&String, &'static str)> {
         self.incomplete_pools
             .iter()
