@@ -19,6 +19,7 @@ use crate::controllers::devicetaint::{
 use crate::controllers::headroom::{
     Controller as Headroom, Settings as HeadroomSettings, Stores as HeadroomStores,
 };
+use crate::controllers::poolstatus::{PoolGauge, PoolMetrics};
 use crate::controllers::resourceclaim::Controller;
 use crate::model::views::{ClaimView, PodView};
 use crate::runtime::informer::{Handler, Observer};
@@ -285,6 +286,19 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         None
     };
+    if args.pool_metrics != PoolMetrics::Off {
+        device_watches.read(Kinds {
+            slices: true,
+            rules: gates.device_taint_rules_on(),
+            ..Kinds::default()
+        });
+        registry.register(Box::new(PoolGauge::new(
+            device_watches.stores().clone(),
+            controller.caches().claims.clone(),
+            synced.clone(),
+            args.pool_metrics,
+        )?))?;
+    }
     controller.observe(pod_observers, claim_observers);
     let reads_devices = device_watches.kinds().any();
     if reads_devices {

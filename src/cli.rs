@@ -89,6 +89,10 @@ pub struct Args {
     #[arg(long, default_value_t = 0.5, value_parser = parse_share)]
     pub device_taint_eviction_max_share: f64,
 
+    /// Devices of each DRA pool by state as dra_claim_controller_pool_devices, from memory: pool (one series per pool and state), driver (summed per driver) or off.
+    #[arg(long, value_enum, default_value = "pool")]
+    pub pool_metrics: crate::controllers::poolstatus::PoolMetrics,
+
     /// Feature gates, as Name=true|false pairs. Acted on: DRAAdminAccess, DRAPrioritizedList, DRAExtendedResource, DRADeviceTaints (on by default, as in Kubernetes 1.36), DRADeviceTaintRules (off in 1.36; GA in 1.37) and DRAWorkloadResourceClaims (alpha, off: PodGroup claims; needs scheduling.k8s.io v1alpha2 or v1alpha3 served). kube-controller-manager's other gates are accepted and ignored, so its flag value can be copied.
     #[arg(long, default_value = "", value_parser = parse_gates)]
     pub feature_gates: FeatureGateFlag,

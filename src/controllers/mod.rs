@@ -4,6 +4,7 @@
 pub mod allocator;
 pub mod devicetaint;
 pub mod headroom;
+pub mod poolstatus;
 pub mod resourceclaim;
 #[cfg(test)]
 mod test_support;

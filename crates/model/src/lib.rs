@@ -9,6 +9,7 @@
 //! controller (a crate of its own, so the compiler keeps it so).
 
 pub mod allocate;
+pub mod capacity;
 pub mod classify;
 pub mod consumers;
 pub mod device;
