@@ -138,7 +138,7 @@ impl DeviceWatches {
     async fn run_rules(&self, client: kube::Client, rules: &Mirror<DeviceTaintRule>) {
         let Some(version) = discover_rules_version(&client).await else {
             warn!(
-                "DRADeviceTaintRules is on, but the API server serves no DeviceTaintRule \
+                "DRADeviceTaintRules is on, but the API server serves no DeviceTaintRule (or did not answer its discovery) \
                  (resource.k8s.io v1 or v1beta2): rules are ignored. On Kubernetes 1.36, enable \
                  the API server's --runtime-config=resource.k8s.io/v1beta2=true and its \
                  DRADeviceTaintRules gate, then restart this controller"
@@ -196,13 +196,18 @@ async fn when(on: bool, watch: impl Future<Output = ()>) {
     }
 }
 
-/// Which version serves DeviceTaintRules, asked until answered (one
-/// unanswered request must not leave the rules unwatched for good): `v1`
-/// first, then `v1beta2`; `None` when neither lists the resource.
+/// How many times one version is asked before it counts as not served:
+/// one unanswered request must not leave the rules unwatched, and a server
+/// that never answers must not keep the process from becoming ready.
+const DISCOVERY_TRIES: usize = 6;
+
+/// Which version serves DeviceTaintRules: `v1` first, then `v1beta2`;
+/// `None` when neither lists the resource (or neither answered in
+/// [`DISCOVERY_TRIES`] tries, with backoff).
 async fn discover_rules_version(client: &kube::Client) -> Option<RulesVersion> {
     let mut backoff = Backoff::default();
     for version in [RulesVersion::V1, RulesVersion::V1beta2] {
-        loop {
+        for _ in 0..DISCOVERY_TRIES {
             let asked = tokio::time::timeout(
                 Duration::from_secs(10),
                 client.list_api_group_resources(version.api_version()),

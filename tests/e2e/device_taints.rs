@@ -433,6 +433,24 @@ async fn device_taint_rules_evict_report_and_wait_for_confirmation() {
             .contains("dra-claim-controller.io/confirm-eviction=true"),
         "{held:?}"
     );
+    // ... and told where `kubectl describe devicetaintrule everything` looks.
+    wait_for(
+        "a Warning EvictionHeld event on the rule",
+        TIMEOUT,
+        async || {
+            let events: Api<Event> = Api::namespaced(t.client.clone(), "default");
+            let lp = ListParams::default().fields("involvedObject.name=everything");
+            let held = events.list(&lp).await?.items.into_iter().any(|e| {
+                e.reason.as_deref() == Some("EvictionHeld")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.involved_object.kind.as_deref() == Some("DeviceTaintRule")
+                    && e.involved_object.namespace.is_none()
+            });
+            ensure!(held, "no such event yet");
+            Ok(())
+        },
+    )
+    .await;
     holds_for(
         "pods p1 and p2 kept while held",
         Duration::from_secs(3),

@@ -624,6 +624,28 @@ async fn claim_gauge_and_alert_in_prometheus() {
     )
     .await;
 
+    // Pool capacity from the controller's memory: the GPU node's pool of
+    // four, one of them taken by the leaked claim.
+    create_nodes_and_slices(&t).await;
+    let pool = |state: &str| {
+        format!(
+            r#"sum(dra_claim_controller_pool_devices{{driver="{GPU_DRIVER}",pool="{GPU_NODE}",state="{state}"}})"#
+        )
+    };
+    wait_for("the pool's devices by state in Prometheus", Duration::from_secs(60), async || {
+        for (state, want) in [("total", 4.0), ("allocated", 1.0), ("free", 3.0), ("unavailable", 0.0)] {
+            let got = prom.scalar(&pool(state)).await?;
+            ensure!(got == Some(want), "{state}: {got:?}, want {want}");
+        }
+        // The admin guide's question, per driver: is anything left?
+        let free = format!(
+            r#"sum by (driver) (dra_claim_controller_pool_devices{{driver="{GPU_DRIVER}",state="free"}})"#
+        );
+        ensure!(prom.scalar(&free).await? == Some(4.0), "free per driver (3 + the other node's 1)");
+        Ok(())
+    })
+    .await;
+
     let mut exprs = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().into_iter().flatten() {

@@ -124,7 +124,7 @@ fn network_policy_admits_only_listed_scrapers() {
 // ---------------------------------------------------------------------------
 
 #[test]
-fn prometheus_rule_has_the_eight_alerts() {
+fn prometheus_rule_has_the_ten_alerts() {
     let docs = render_or_skip!(&[("prometheusRule.enabled", "true")]);
     let rule = one_of_kind(&docs, "PrometheusRule");
     assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
@@ -200,6 +200,23 @@ fn prometheus_rule_has_the_eight_alerts() {
                 "5m",
             ),
         ),
+        (
+            "DRAPoolExhausted",
+            (
+                &[
+                    r#"sum by (driver) (dra_claim_controller_pool_devices{state="free"}) == 0"#,
+                    r#"sum by (driver) (dra_claim_controller_pool_devices{state="total"}) > 0"#,
+                ][..],
+                "15m",
+            ),
+        ),
+        (
+            "DRADeviceTaintRuleHeld",
+            (
+                &["max(dra_claim_controller_device_taint_rules_held) > 0"][..],
+                "5m",
+            ),
+        ),
     ]);
     assert_eq!(
         alerts.keys().map(String::as_str).collect::<Vec<_>>(),
@@ -252,7 +269,13 @@ prometheusRule:
             .find(|r| r["alert"] == name)
             .map(|r| (str_of(&r["expr"]), str_of(&r["for"])))
     };
-    assert_eq!(rules.len(), 6);
+    assert_eq!(rules.len(), 8);
+    assert!(
+        expr("DRAPoolExhausted")
+            .unwrap()
+            .0
+            .contains(r#"dra_claim_controller_pool_devices{state="free",job="dra-metrics"}"#)
+    );
     let (e, _) = expr("DRAClaimControllerWorkQueueDepthHigh").unwrap();
     assert_eq!(
         e,

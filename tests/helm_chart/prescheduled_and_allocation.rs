@@ -309,7 +309,7 @@ fn double_allocation_alert_follows_values() {
             .as_sequence()
             .unwrap()
             .len(),
-        7,
+        9,
         "only that alert is dropped"
     );
 }

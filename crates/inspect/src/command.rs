@@ -472,9 +472,17 @@ async fn drain(args: DrainArgs) -> u8 {
         }
     }
     if args.preview {
-        eprintln!(
-            "preview only: the rules evict nobody; run `drain {node}` again to evict, `uncordon {node}` to remove them"
-        );
+        if previewing.len() < rules.len() {
+            eprintln!(
+                "node {node} is being drained already ({} of {} rules NoExecute); `uncordon {node}` ends it",
+                rules.len() - previewing.len(),
+                rules.len()
+            );
+        } else {
+            eprintln!(
+                "preview only: the rules evict nobody; run `drain {node}` again to evict, `uncordon {node}` to remove them"
+            );
+        }
         return exit::CLEAN;
     }
     if let Err(e) = evict(&client, version, &rules).await {

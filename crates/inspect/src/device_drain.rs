@@ -36,8 +36,14 @@ pub(crate) struct PlannedRule {
     pub device: Option<String>,
 }
 
-/// Of one pool: the nodes its slices are on, and this node's devices.
-type PoolOnNodes = (BTreeSet<Option<String>>, BTreeSet<String>);
+/// Of one pool's newest generation: its slices, the count it announces,
+/// and this node's devices.
+#[derive(Default)]
+struct PoolOnNode {
+    slices: i64,
+    announced: i64,
+    devices: BTreeSet<String>,
+}
 
 fn fnv(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -56,54 +62,64 @@ pub(crate) fn node_label(node: &str) -> String {
 
 fn rule_name(node: &str, key: &str) -> String {
     let prefix: String = node.chars().take(200).collect();
+    let prefix = prefix.trim_end_matches(['.', '-']);
     format!("dra-drain-{prefix}-{:08x}", fnv(key) as u32)
 }
 
 /// The rules that select exactly the node's devices (of `driver`, when
-/// given): one per pool that lives on this node only, one per device of a
-/// pool that spans nodes. `slices` is every slice of the cluster; only the
-/// current generation of each pool counts.
+/// given): one per pool that lives on this node only (every slice of it,
+/// of any generation, on this node, and its newest generation complete),
+/// one per device otherwise: a rule must never reach another node's
+/// devices, confirmed as it is. `slices` is every slice of the cluster.
 pub(crate) fn plan_rules(
     node: &str,
     driver: Option<&str>,
     slices: &[ResourceSlice],
 ) -> Vec<PlannedRule> {
-    let current: Vec<&ResourceSlice> =
-        dra_model::device_taints::current_slices(slices.iter()).collect();
-    let mut pools: BTreeMap<(String, String), PoolOnNodes> = BTreeMap::new();
-    for slice in &current {
+    let of_driver = |s: &&ResourceSlice| driver.is_none_or(|d| d == s.spec.driver);
+    // Per (driver, pool): whether any slice of any generation is elsewhere.
+    let mut elsewhere: BTreeMap<(String, String), bool> = BTreeMap::new();
+    for slice in slices.iter().filter(of_driver) {
         let s = &slice.spec;
-        if driver.is_some_and(|d| d != s.driver) {
-            continue;
-        }
-        let entry = pools
+        *elsewhere
+            .entry((s.driver.clone(), s.pool.name.clone()))
+            .or_default() |= s.node_name.as_deref() != Some(node);
+    }
+    // This node's devices, and each pool's newest slices against the count
+    // it announces.
+    let mut pools: BTreeMap<(String, String), PoolOnNode> = BTreeMap::new();
+    for slice in dra_model::device_taints::current_slices(slices.iter()).filter(of_driver) {
+        let s = &slice.spec;
+        let pool = pools
             .entry((s.driver.clone(), s.pool.name.clone()))
             .or_default();
-        entry.0.insert(s.node_name.clone());
+        pool.slices += 1;
+        pool.announced = s.pool.resource_slice_count;
         if s.node_name.as_deref() == Some(node) {
-            entry
-                .1
+            pool.devices
                 .extend(s.devices.iter().flatten().map(|d| d.name.clone()));
         }
     }
     let mut rules = Vec::new();
-    for ((driver, pool), (nodes, devices)) in pools {
-        if devices.is_empty() {
+    for ((driver, pool_name), pool) in pools {
+        if pool.devices.is_empty() {
             continue;
         }
-        if nodes.len() == 1 {
+        let whole_pool =
+            !elsewhere[&(driver.clone(), pool_name.clone())] && pool.slices == pool.announced;
+        if whole_pool {
             rules.push(PlannedRule {
-                name: rule_name(node, &format!("{driver}/{pool}")),
+                name: rule_name(node, &format!("{driver}/{pool_name}")),
                 driver,
-                pool,
+                pool: pool_name,
                 device: None,
             });
         } else {
-            for device in devices {
+            for device in pool.devices {
                 rules.push(PlannedRule {
-                    name: rule_name(node, &format!("{driver}/{pool}/{device}")),
+                    name: rule_name(node, &format!("{driver}/{pool_name}/{device}")),
                     driver: driver.clone(),
-                    pool: pool.clone(),
+                    pool: pool_name.clone(),
                     device: Some(device),
                 });
             }
@@ -362,6 +378,13 @@ mod tests {
                 .iter()
                 .all(|r| r.name.starts_with("dra-drain-node-1-"))
         );
+        // A node-local pool whose newest generation is incomplete (a
+        // second slice announced, not published): per device.
+        let mut partial = slice("e", "gpu.example.com", "node-3", "node-3", &["g0", "g1"]);
+        partial.spec.pool.resource_slice_count = 2;
+        let rules3 = plan_rules("node-3", None, &[partial]);
+        assert_eq!(rules3.len(), 2, "{rules3:?}");
+        assert!(rules3.iter().all(|r| r.device.is_some()));
         // A node with no devices: nothing to do.
         assert!(plan_rules("node-9", None, &slices).is_empty());
     }

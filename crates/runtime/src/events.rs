@@ -169,7 +169,13 @@ impl EventRecorder {
             debug!(reason, message, object = %pod.name, "event dropped: over the spam budget of the object or the recorder");
             return;
         }
-        let ns = pod.namespace.to_string();
+        // A cluster-scoped object's events go to `default`, its reference
+        // without a namespace (where `kubectl describe` looks for them).
+        let ns = if pod.namespace.is_empty() {
+            "default".to_string()
+        } else {
+            pod.namespace.to_string()
+        };
         let api: Api<Event> = Api::namespaced(client.clone(), &ns);
         let key = (pod.uid.to_string(), reason.to_string(), message.to_string());
         let repeat = {
@@ -213,7 +219,7 @@ impl EventRecorder {
                 api_version: Some(pod.api_version.clone()),
                 kind: Some(pod.kind.into()),
                 name: Some(pod.name.into()),
-                namespace: Some(ns.clone()),
+                namespace: (!pod.namespace.is_empty()).then(|| ns.clone()),
                 uid: Some(pod.uid.into()),
                 resource_version: pod.resource_version.map(str::to_string),
                 ..Default::default()

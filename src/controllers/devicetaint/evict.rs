@@ -4,7 +4,7 @@
 //! then a delete with the UID as precondition (not the Eviction API: a
 //! PodDisruptionBudget does not hold a device that must go).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -52,19 +52,28 @@ impl Controller {
         if pending.eviction.at > now {
             return Ok(Some(now.duration_until(pending.eviction.at).unsigned_abs()));
         }
+        // Not the leader any more (shutting down): nothing more is sent.
+        if !self.is_leading() {
+            return Ok(None);
+        }
         let rules = pending.rules();
-        let waited = self.pace(&rules).await;
-        // Cancelled or replaced while it waited its turn.
-        if self
+        if let Some(wait) = self.paced(&rules) {
+            self.tracking
+                .lock()
+                .unwrap()
+                .paced_since
+                .entry(key.to_string())
+                .or_insert_with(Instant::now);
+            return Ok(Some(wait.max(Duration::from_millis(10))));
+        }
+        let waited = self
             .tracking
             .lock()
             .unwrap()
-            .pending
-            .get(key)
-            .is_none_or(|p| p.uid != pending.uid)
-        {
-            return Ok(None);
-        }
+            .paced_since
+            .remove(key)
+            .map_or(0.0, |since| since.elapsed().as_secs_f64());
+        self.metrics.paced(waited);
         let (namespace, name) = key.split_once('/').unwrap_or(("", key));
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let pod = api
@@ -79,6 +88,7 @@ impl Controller {
         };
         if pod.metadata.deletion_timestamp.is_some() {
             debug!("pod already being deleted");
+            self.evicted.add(pending.uid.clone());
             self.drop_pending(key, &pending.uid);
             return Ok(None);
         }
@@ -99,7 +109,9 @@ impl Controller {
                 .await
             {
                 Ok(_) => {}
-                Err(e) if is_not_found_or_conflict(&e) => {
+                // Gone. (A conflict is retried on fresh state: the next read
+                // tells a replaced pod from a busy one.)
+                Err(kube::Error::Api(s)) if s.code == 404 => {
                     self.drop_pending(key, &pending.uid);
                     return Ok(None);
                 }

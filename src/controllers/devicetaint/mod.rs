@@ -108,6 +108,8 @@ pub struct Controller {
     settings: Settings,
     stores: Stores,
     tracking: Mutex<Tracking>,
+    /// Held while the taint index is rebuilt: one rebuild at a time.
+    refreshing: Mutex<()>,
     evicted: RecentSet<String>,
     queue: WorkQueue<Item>,
     leading: AtomicBool,
@@ -146,6 +148,7 @@ impl Controller {
             client,
             metrics: EvictionMetrics::register(registry)?,
             tracking: Mutex::new(Tracking::default()),
+            refreshing: Mutex::new(()),
             settings,
             stores,
             evicted: RecentSet::new(EVICTED_REMEMBERED),
@@ -169,7 +172,8 @@ impl Controller {
     /// status is queued.
     pub(crate) fn start_leading(&self) {
         self.leading.store(true, Ordering::Release);
-        self.refresh_all();
+        self.refresh_all(true);
+        self.tell_all_held();
         let pods = self.schedule_all_pending();
         let rules = self.stores.devices.rules.list();
         for rule in &rules {
@@ -223,20 +227,24 @@ impl Controller {
         }
     }
 
-    /// Waits for this eviction's turn under the pacing flags: overall,
-    /// then for each rule among its reasons. Returns the seconds waited.
-    async fn pace(&self, rules: &[String]) -> f64 {
-        let started = Instant::now();
-        if let Some(overall) = &self.overall {
-            overall.until_ready().await;
-        }
+    /// Whether this eviction may go now under the pacing flags (each rule
+    /// among its reasons, then overall); if not, how long until it may be
+    /// tried again. A worker never waits: the key is queued again.
+    fn paced(&self, rules: &[String]) -> Option<Duration> {
+        use governor::clock::{Clock, DefaultClock};
+        let now = DefaultClock::default().now();
         if let Some(per_rule) = &self.per_rule {
             for rule in rules {
-                per_rule.until_key_ready(rule).await;
+                if let Err(not_until) = per_rule.check_key(rule) {
+                    return Some(not_until.wait_time_from(now));
+                }
             }
         }
-        let waited = started.elapsed().as_secs_f64();
-        self.metrics.paced(waited);
-        waited
+        if let Some(overall) = &self.overall
+            && let Err(not_until) = overall.check()
+        {
+            return Some(not_until.wait_time_from(now));
+        }
+        None
     }
 }

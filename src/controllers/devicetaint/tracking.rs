@@ -64,6 +64,9 @@ pub(crate) struct Tracking {
     pub held: BTreeMap<String, Held>,
     /// Pods evicted since this replica started leading, by rule UID.
     pub evicted_by_rule: HashMap<String, u64>,
+    /// When an eviction due now was first held back by the pacing (for the
+    /// wait metric), by pod key.
+    pub paced_since: HashMap<String, std::time::Instant>,
 }
 
 impl Controller {
@@ -71,18 +74,36 @@ impl Controller {
         self.settings.gates.workload_resource_claims
     }
 
-    /// Rebuilds the taint index (and decides the guard's holds) from the
-    /// stores, then decides every pod with an allocated claim again.
-    pub(crate) fn refresh_all(&self) {
-        self.refresh_taints();
+    /// Rebuilds the taint index from the stores (with `rules_changed`,
+    /// the guard's holds too), then decides every pod with an allocated
+    /// claim again.
+    pub(crate) fn refresh_all(&self, rules_changed: bool) {
+        self.refresh_taints(rules_changed);
         let keys = self.pods_with_allocated_claims();
         self.decide_pods(keys);
     }
 
     /// Rebuilds the index of taints from the slices and the rules not held.
-    pub(crate) fn refresh_taints(&self) {
+    /// The guard decides its holds again only with `rules_changed` (a rule
+    /// came, went or changed, the claims were relisted, this replica took
+    /// the lead): a hold does not flip in the middle of a drain as claims
+    /// come and go. Refreshes run one at a time, so an older build never
+    /// replaces a newer one. The status of each rule whose hold changed is
+    /// queued.
+    pub(crate) fn refresh_taints(&self, rules_changed: bool) {
+        let _one_at_a_time = self.refreshing.lock().unwrap();
         let rules: Vec<Arc<DeviceTaintRule>> = self.stores.devices.rules.list();
-        let held = self.decide_holds(&rules);
+        let held = if rules_changed {
+            self.decide_holds(&rules)
+        } else {
+            let names: BTreeSet<&str> = rules
+                .iter()
+                .filter_map(|r| r.metadata.name.as_deref())
+                .collect();
+            let mut held = self.tracking.lock().unwrap().held.clone();
+            held.retain(|name, _| names.contains(name.as_str()));
+            held
+        };
         let slices = self.stores.devices.slices.list();
         let rules = rules
             .iter()
@@ -97,10 +118,37 @@ impl Controller {
             .filter(|(name, _)| !tracking.held.contains_key(*name))
             .map(|(n, h)| (n.clone(), *h))
             .collect();
+        let released: Vec<String> = tracking
+            .held
+            .keys()
+            .filter(|name| !held.contains_key(*name))
+            .cloned()
+            .collect();
         tracking.held = held;
         self.metrics.set_held(tracking.held.len());
         drop(tracking);
-        for (name, held) in newly_held {
+        for (name, held) in &newly_held {
+            self.tell_held(name, *held);
+        }
+        if self.is_leading() {
+            for name in newly_held.into_iter().map(|(n, _)| n).chain(released) {
+                self.queue.add(Item::Rule(name));
+            }
+        }
+    }
+
+    /// Tells of every held rule (a replica that just took the lead: the
+    /// standby it was told nobody).
+    pub(crate) fn tell_all_held(&self) {
+        let held: Vec<(String, Held)> = self
+            .tracking
+            .lock()
+            .unwrap()
+            .held
+            .iter()
+            .map(|(n, h)| (n.clone(), *h))
+            .collect();
+        for (name, held) in held {
             self.tell_held(&name, held);
         }
     }
@@ -188,7 +236,8 @@ impl Controller {
                 api_version,
                 kind: "DeviceTaintRule",
                 name: &name,
-                namespace: "default",
+                // Cluster-scoped: the event goes to `default`.
+                namespace: "",
                 uid: &uid,
                 resource_version: None,
             };
@@ -257,7 +306,11 @@ impl Controller {
     pub(crate) fn decide_pod(&self, key: &str) {
         let pod = self.stores.pods.get(key);
         let mut tracking = self.tracking.lock().unwrap();
-        let decided = pod.as_ref().and_then(|pod| {
+        // A pod being deleted (by us or anyone) has nothing left to evict.
+        let live = pod
+            .as_ref()
+            .filter(|p| !p.is_deleting() && !self.evicted.contains(&p.uid().to_string()));
+        let decided = live.and_then(|pod| {
             let claim = |ns: &str, name: &str| self.stores.claims.get(&object_key(ns, name));
             pod_eviction(pod, claim, &tracking.taints, self.pod_group_claims()).map(|eviction| {
                 Pending {
@@ -275,12 +328,14 @@ impl Controller {
                 self.schedule(key, &pending);
             }
             None => {
+                tracking.paced_since.remove(key);
                 let Some(before) = tracking.pending.remove(key) else {
                     return;
                 };
                 drop(tracking);
-                // A deleted pod is cancelled without a word, as upstream.
-                if let Some(pod) = pod.filter(|p| p.uid() == before.uid) {
+                // A deleted (or deleting) pod is cancelled without a word,
+                // as upstream.
+                if let Some(pod) = pod.filter(|p| p.uid() == before.uid && !p.is_deleting()) {
                     info!(pod = %key, "device-taint eviction cancelled");
                     self.tell_pod(
                         pod.namespace(),
@@ -293,9 +348,14 @@ impl Controller {
         }
     }
 
-    /// A pod deleted: its eviction goes without a word.
-    pub(crate) fn forget_pod(&self, key: &str) {
-        self.tracking.lock().unwrap().pending.remove(key);
+    /// A pod deleted: its eviction goes without a word (not that of a pod
+    /// under the same name with another UID).
+    pub(crate) fn forget_pod(&self, key: &str, uid: &str) {
+        let mut tracking = self.tracking.lock().unwrap();
+        if tracking.pending.get(key).is_some_and(|p| p.uid == uid) {
+            tracking.pending.remove(key);
+            tracking.paced_since.remove(key);
+        }
     }
 
     /// Queues the eviction for its time (leader only), and the status of

@@ -18,19 +18,20 @@ use crate::runtime::store::object_key;
 
 impl Observer<PodView> for Controller {
     fn relisted(&self) {
-        self.refresh_all();
+        self.refresh_all(false);
     }
     fn applied(&self, _old: Option<&PodView>, pod: &PodView) {
         self.decide_pod(&object_key(pod.namespace(), pod.name()));
     }
     fn deleted(&self, pod: &PodView) {
-        self.forget_pod(&object_key(pod.namespace(), pod.name()));
+        self.forget_pod(&object_key(pod.namespace(), pod.name()), pod.uid());
     }
 }
 
 impl Observer<ClaimView> for Controller {
     fn relisted(&self) {
-        self.refresh_all();
+        // The guard's shares are of the allocated devices: decided again.
+        self.refresh_all(true);
     }
     fn applied(&self, old: Option<&ClaimView>, claim: &ClaimView) {
         let mut keys = BTreeSet::new();
@@ -59,7 +60,7 @@ fn tainted(slice: &ResourceSlice) -> bool {
 
 impl Controller {
     fn slice_changed(&self, slice: &ResourceSlice) {
-        self.refresh_taints();
+        self.refresh_taints(false);
         let keys = self.pods_using_pool(&slice.spec.driver, &slice.spec.pool.name);
         self.decide_pods(keys);
     }
@@ -67,7 +68,7 @@ impl Controller {
 
 impl Observer<ResourceSlice> for Controller {
     fn relisted(&self) {
-        self.refresh_all();
+        self.refresh_all(false);
     }
     fn applied(&self, old: Option<&ResourceSlice>, slice: &ResourceSlice) {
         // Most updates move no taint: a new slice may replace a tainted
@@ -107,7 +108,7 @@ impl Observer<DeviceTaintRule> for Controller {
             rules = self.stores.devices.rules.len(),
             "DeviceTaintRules loaded"
         );
-        self.refresh_all();
+        self.refresh_all(true);
         if self.is_leading() {
             for rule in self.stores.devices.rules.list() {
                 if let Some(name) = &rule.metadata.name {
@@ -123,19 +124,22 @@ impl Observer<DeviceTaintRule> for Controller {
         if !changed {
             return;
         }
-        // Decided first (held or not, which pods), so that the status
-        // written at once says what the rule does.
-        self.refresh_all();
+        // As upstream: the index and holds first, then the rule's status
+        // is queued, then its pods (so that a status written at once says
+        // what the rule does, pending pods included).
+        self.refresh_taints(true);
         if self.is_leading()
             && let Some(name) = &rule.metadata.name
         {
             self.queue.add(Item::Rule(name.clone()));
         }
+        let keys = self.pods_with_allocated_claims();
+        self.decide_pods(keys);
     }
     fn deleted(&self, rule: &DeviceTaintRule) {
         if let Some(uid) = &rule.metadata.uid {
             self.tracking.lock().unwrap().evicted_by_rule.remove(uid);
         }
-        self.refresh_all();
+        self.refresh_all(true);
     }
 }
