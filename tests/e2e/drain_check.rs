@@ -646,6 +646,26 @@ async fn claim_gauge_and_alert_in_prometheus() {
     })
     .await;
 
+    // `pools` prints the same numbers, read from the API server.
+    let admin_kubeconfig = t.isolated_env().cluster.admin_kubeconfig.clone();
+    let pools = run(
+        "dra-claim-controller",
+        &admin_kubeconfig,
+        &["pools", "--driver", GPU_DRIVER, "-o", "json"],
+    )
+    .await;
+    assert_eq!(pools.code, 0, "{pools:?}");
+    let gpu = pools
+        .json()
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["pool"] == GPU_NODE).cloned())
+        .unwrap_or_else(|| panic!("no {GPU_NODE} pool: {pools:?}"));
+    assert_eq!(
+        [&gpu["total"], &gpu["allocated"], &gpu["free"], &gpu["node"]],
+        [&json!(4), &json!(1), &json!(3), &json!(GPU_NODE)],
+        "{gpu}"
+    );
+
     let mut exprs = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().into_iter().flatten() {

@@ -39,6 +39,25 @@ pub enum Tool {
     Drain(DrainArgs),
     /// Remove the DeviceTaintRules `drain` made for a node: its devices serve pods again.
     Uncordon(UncordonArgs),
+    /// Every DRA pool's devices: total, allocated, held by admin access, unavailable (tainted NoSchedule or
+    /// NoExecute by its slice or a DeviceTaintRule), free. Read-only; the controller exports the same numbers
+    /// as dra_claim_controller_pool_devices.
+    Pools(PoolsArgs),
+}
+
+#[derive(Debug, Clone, ClapArgs)]
+pub struct PoolsArgs {
+    /// Only pools of this driver.
+    #[arg(long)]
+    pub driver: Option<String>,
+    /// Only the pool on this node.
+    #[arg(long)]
+    pub node: Option<String>,
+    /// table, json or yaml.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    #[command(flatten)]
+    pub connection: Connection,
 }
 
 #[derive(Debug, Clone, ClapArgs)]
@@ -214,6 +233,7 @@ pub async fn run(tool: Tool) -> ExitCode {
         Tool::CheckRelease(args) => check_release(args).await,
         Tool::Drain(args) => drain(args).await,
         Tool::Uncordon(args) => run_uncordon(args).await,
+        Tool::Pools(args) => run_pools(args).await,
     };
     ExitCode::from(code)
 }
@@ -504,6 +524,30 @@ async fn drain(args: DrainArgs) -> u8 {
         connection: args.connection,
     })
     .await
+}
+
+async fn run_pools(args: PoolsArgs) -> u8 {
+    let client = match client_for(&args.connection).await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let pools =
+        match super::pools::read_pools(&client, args.driver.as_deref(), args.node.as_deref()).await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return exit::INCOMPLETE;
+            }
+        };
+    match args.output {
+        Output::Json => print_json(&pools),
+        Output::Yaml => print_yaml(&pools),
+        Output::Table | Output::Wide | Output::Name => {
+            print!("{}", super::pools::pools_table(&pools))
+        }
+    }
+    exit::CLEAN
 }
 
 async fn run_uncordon(args: UncordonArgs) -> u8 {

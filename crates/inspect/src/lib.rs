@@ -15,6 +15,7 @@ mod command;
 mod device_drain;
 mod drain;
 mod placement;
+mod pools;
 mod read;
 mod release;
 mod report;

@@ -9,7 +9,7 @@ use dra_model::classify::{PodRef, PodState, Problem, ProblemKind};
 
 mod audit;
 mod drain_check;
-mod table;
+pub(crate) mod table;
 
 pub(crate) use audit::{AuditFinding, AuditReport, AuditScope};
 pub(crate) use drain_check::DrainCheckReport;

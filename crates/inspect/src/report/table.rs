@@ -16,7 +16,7 @@ pub(super) fn counts_table(
     align(&rows)
 }
 
-pub(super) fn row(cells: &[&str]) -> Vec<String> {
+pub(crate) fn row(cells: &[&str]) -> Vec<String> {
     cells.iter().map(|c| c.to_string()).collect()
 }
 
@@ -119,7 +119,7 @@ pub(super) fn findings_table(findings: &[Finding], with_type: bool, wide: bool) 
 
 /// Left-aligned columns separated by three spaces, as kubectl prints; the
 /// last column is not padded.
-pub(super) fn align(rows: &[Vec<String>]) -> String {
+pub(crate) fn align(rows: &[Vec<String>]) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|i| {
