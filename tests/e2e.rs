@@ -29,6 +29,8 @@ mod allocator;
 mod api_priority;
 #[path = "e2e/cleanup.rs"]
 mod cleanup;
+#[path = "e2e/device_taint_cases.rs"]
+mod device_taint_cases;
 #[path = "e2e/device_taints.rs"]
 mod device_taints;
 #[path = "e2e/device_taints_differential.rs"]

@@ -128,7 +128,7 @@ pub fn ensure_untouched(pod: &Pod) -> anyhow::Result<()> {
 }
 
 /// The messages of the Normal `DeviceTaintManagerEviction` events of a pod.
-async fn eviction_events(t: &TestCtx, pod: &str) -> anyhow::Result<Vec<String>> {
+pub async fn eviction_events(t: &TestCtx, pod: &str) -> anyhow::Result<Vec<String>> {
     let events: Api<Event> = Api::namespaced(t.client.clone(), &t.ns);
     let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
     Ok(events

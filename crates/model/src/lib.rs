@@ -17,6 +17,7 @@ pub mod device_taints;
 pub mod features;
 pub mod indexes;
 pub mod naming;
+pub mod pool_status;
 pub mod requests;
 pub mod selector;
 pub mod views;

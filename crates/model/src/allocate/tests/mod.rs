@@ -119,6 +119,8 @@ struct Case {
     classes: Vec<DeviceClass>,
     claim: ResourceClaim,
     in_use: Vec<(&'static str, &'static str, &'static str)>,
+    /// DeviceTaintRules, as kube-scheduler reads them.
+    rules: Vec<crate::device_taints::TaintRule>,
 }
 
 impl Case {
@@ -128,6 +130,7 @@ impl Case {
             classes: vec![class("class-a", "driver-a"), class("class-b", "driver-b")],
             claim,
             in_use: Vec::new(),
+            rules: Vec::new(),
         }
     }
 
@@ -146,7 +149,7 @@ impl Case {
                 device: n.to_string(),
             })
             .collect();
-        let inventory = node_inventory(NODE, &self.slices);
+        let inventory = node_inventory(NODE, &self.slices).with_rules(&self.rules);
         allocate(&AllocationInput {
             claim: &self.claim,
             classes: &classes,

@@ -76,3 +76,39 @@ fn tainted_one_device_two_taints_both_tolerated() {
     );
     assert_eq!(case.devices(), picked(&[("req-0", "pool-1", "device-1")]));
 }
+
+fn rule(selector: Value, effect: &str) -> crate::device_taints::TaintRule {
+    crate::device_taints::TaintRule::from_v1(
+        &serde_json::from_value(json!({
+            "metadata": {"name": "rule"},
+            "spec": {"deviceSelector": selector, "taint": {"key": "taint-key", "effect": effect}},
+        }))
+        .unwrap(),
+    )
+}
+
+/// Beyond the suite's cases: a DeviceTaintRule's taint counts as a
+/// slice's does (kube-scheduler's DRADeviceTaintRules), `None` not at all.
+#[test]
+fn tainted_by_rules() {
+    let mut case = Case::new(
+        on_node(devices(&["device-1", "device-2"])),
+        one_request(json!({})),
+    );
+    case.rules = vec![rule(json!({"device": "device-1"}), "NoSchedule")];
+    assert_eq!(
+        case.allocation()["devices"]["results"][0]["device"],
+        "device-2"
+    );
+    case.rules = vec![rule(json!({}), "NoExecute")];
+    assert!(
+        case.unsatisfiable().contains("2 tainted and not tolerated"),
+        "{}",
+        case.unsatisfiable()
+    );
+    case.rules = vec![rule(json!({}), "None")];
+    assert_eq!(
+        case.allocation()["devices"]["results"][0]["device"],
+        "device-1"
+    );
+}
