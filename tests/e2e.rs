@@ -25,6 +25,8 @@ use dra_e2e::{
 
 #[path = "e2e/allocator.rs"]
 mod allocator;
+#[path = "e2e/allocator_taints.rs"]
+mod allocator_taints;
 #[path = "e2e/api_priority.rs"]
 mod api_priority;
 #[path = "e2e/cleanup.rs"]

@@ -23,8 +23,8 @@ use crate::k8s::*;
 use crate::nodes;
 
 const LABEL: &str = "dra-e2e.example.com/pre-scheduled";
-const SELECTOR: &str = "dra-e2e.example.com/pre-scheduled=true";
-const FAILED: &str = "FailedResourceClaimAllocation";
+pub const SELECTOR: &str = "dra-e2e.example.com/pre-scheduled=true";
+pub const FAILED: &str = "FailedResourceClaimAllocation";
 const DELETE_PROTECTION: &str = "resource.kubernetes.io/delete-protection";
 
 fn opts() -> ControllerOpts {
@@ -52,7 +52,7 @@ async fn cluster(name: &'static str) -> Option<TestCtx> {
     Some(t)
 }
 
-async fn declare(client: &kube::Client, node: &str) {
+pub async fn declare(client: &kube::Client, node: &str) {
     let nodes: Api<Node> = Api::all(client.clone());
     nodes
         .patch(
@@ -64,7 +64,7 @@ async fn declare(client: &kube::Client, node: &str) {
         .unwrap();
 }
 
-fn count_spec(count: u32) -> Value {
+pub fn count_spec(count: u32) -> Value {
     json!({"devices": {"requests": [{"name": "gpu", "exactly": {
         "deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": count}}]}})
 }
@@ -87,7 +87,7 @@ fn allocated(claim: &ResourceClaim) -> Option<Vec<(String, String)>> {
 }
 
 /// The pod's claim for entry `gpu`, once recorded and allocated.
-async fn wait_allocated(t: &TestCtx, pod: &str, what: &str) -> (String, Vec<(String, String)>) {
+pub async fn wait_allocated(t: &TestCtx, pod: &str, what: &str) -> (String, Vec<(String, String)>) {
     wait_for(what, Duration::from_secs(60), async || {
         let p = t.pod(pod).await;
         let Some(Some(name)) = recorded(&p).get("gpu").cloned() else {
@@ -119,7 +119,7 @@ async fn wait_allocated(t: &TestCtx, pod: &str, what: &str) -> (String, Vec<(Str
 }
 
 /// The message of the first allocation failure told on `pod`.
-async fn failure_told(t: &TestCtx, pod: &str) -> String {
+pub async fn failure_told(t: &TestCtx, pod: &str) -> String {
     wait_for(
         &format!("{pod} told why not"),
         Duration::from_secs(60),
