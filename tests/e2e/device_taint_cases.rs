@@ -260,3 +260,87 @@ async fn upstream_cases_on_a_real_api_server() {
     }
     t.finish();
 }
+
+/// `evict-pod-resourceclaim-podgroup` and
+/// `no-evict-pod-in-podgroup-without-claim` (DRAWorkloadResourceClaims):
+/// the PodGroup's claim, reserved for the group, is allocated a tainted
+/// device; its bound members go, a member of the group that does not use
+/// the claim stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evict_pod_resourceclaim_podgroup() {
+    use crate::podgroups::{ENTRY, GROUP, apiserver, create_group, create_member, gates};
+    let opts = crate::cluster::ControllerOpts {
+        feature_gates: gates(),
+        ..Default::default()
+    };
+    const NAME: &str = "evict_pod_resourceclaim_podgroup";
+    let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &apiserver()).await else {
+        return;
+    };
+    // The chart grants PodGroups' rights with the gate in its values.
+    let escaped = gates().replace(',', "\\,");
+    let applied =
+        crate::rbac::reapply_controller_rbac(&t.client, &[("featureGates", escaped.as_str())])
+            .await
+            .expect("apply the chart's RBAC with the gate on");
+    if !applied {
+        println!("SKIP: {NAME}: Helm is not available to render the chart's RBAC with the gate");
+        return;
+    }
+    t.isolated_env()
+        .start_controller()
+        .await
+        .expect("start controller");
+    let pool = pool_of(&t, "group");
+    publish(&t, &pool, &[("d0", no_execute())]).await;
+    t.create_template("tmpl").await;
+    create_group(&t).await;
+    for pod in ["member-1", "member-2"] {
+        create_member(&t, pod).await;
+    }
+    let claim = wait_for("members record the group's claim", TIMEOUT, async || {
+        let mut names = Vec::new();
+        for pod in ["member-1", "member-2"] {
+            let recorded = recorded(&t.pod(pod).await);
+            names.push(recorded.get(ENTRY).cloned().flatten().unwrap_or_default());
+        }
+        anyhow::ensure!(!names[0].is_empty() && names[0] == names[1], "{names:?}");
+        Ok(names[0].clone())
+    })
+    .await;
+    // A member without claims of its own.
+    let mut outsider = pod_manifest("outsider", &[], None);
+    outsider["spec"]["schedulingGroup"] = json!({"podGroupName": GROUP});
+    t.pods()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(outsider).unwrap(),
+        )
+        .await
+        .expect("create outsider");
+    let allocation = json!({"devices": {"results": [{
+        "request": "req-0", "driver": DRIVER, "pool": pool, "device": "d0"}]}});
+    t.allocate_devices(&claim, allocation, json!([])).await;
+    for pod in ["member-1", "member-2", "outsider"] {
+        t.bind_pod(pod, NODE).await;
+    }
+    wait_for(
+        "the members using the group's claim evicted",
+        TIMEOUT,
+        async || {
+            for pod in ["member-1", "member-2"] {
+                ensure_evicted(t.pods().get_opt(pod).await?.as_ref())
+                    .map_err(|e| anyhow::anyhow!("{pod}: {e:#}"))?;
+            }
+            Ok(())
+        },
+    )
+    .await;
+    holds_for(
+        "the member without the claim kept",
+        Duration::from_secs(3),
+        async || ensure_untouched(&t.pods().get("outsider").await?),
+    )
+    .await;
+    t.finish();
+}

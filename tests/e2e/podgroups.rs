@@ -15,10 +15,10 @@ use crate::cluster::{ALL_CONTROLLER_GATES, ApiserverOptions, ControllerOpts};
 use crate::ctx::TestCtx;
 use crate::k8s::*;
 
-const GROUP: &str = "trainers";
-const ENTRY: &str = "gpu";
+pub const GROUP: &str = "trainers";
+pub const ENTRY: &str = "gpu";
 
-fn apiserver() -> ApiserverOptions {
+pub fn apiserver() -> ApiserverOptions {
     ApiserverOptions {
         feature_gates: vec![
             "GenericWorkload=true".into(),
@@ -29,11 +29,11 @@ fn apiserver() -> ApiserverOptions {
     }
 }
 
-fn gates() -> String {
+pub fn gates() -> String {
     format!("{ALL_CONTROLLER_GATES},DRAWorkloadResourceClaims=true")
 }
 
-fn pod_groups(t: &TestCtx) -> Api<DynamicObject> {
+pub fn pod_groups(t: &TestCtx) -> Api<DynamicObject> {
     let ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("scheduling.k8s.io", "v1alpha2", "PodGroup"),
         "podgroups",
@@ -41,7 +41,7 @@ fn pod_groups(t: &TestCtx) -> Api<DynamicObject> {
     Api::namespaced_with(t.client.clone(), &t.ns, &ar)
 }
 
-async fn create_group(t: &TestCtx) -> DynamicObject {
+pub async fn create_group(t: &TestCtx) -> DynamicObject {
     let group: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
         "metadata": {"name": GROUP},
@@ -55,7 +55,7 @@ async fn create_group(t: &TestCtx) -> DynamicObject {
         .expect("create PodGroup")
 }
 
-async fn create_member(t: &TestCtx, name: &str) -> Pod {
+pub async fn create_member(t: &TestCtx, name: &str) -> Pod {
     let mut manifest = pod_manifest(name, &[(ENTRY, Source::Template("tmpl"))], None);
     manifest["spec"]["schedulingGroup"] = json!({"podGroupName": GROUP});
     t.pods()
