@@ -277,20 +277,9 @@ async fn evict_pod_resourceclaim_podgroup() {
     let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &apiserver()).await else {
         return;
     };
-    // The chart grants PodGroups' rights with the gate in its values.
-    let escaped = gates().replace(',', "\\,");
-    let applied =
-        crate::rbac::reapply_controller_rbac(&t.client, &[("featureGates", escaped.as_str())])
-            .await
-            .expect("apply the chart's RBAC with the gate on");
-    if !applied {
-        println!("SKIP: {NAME}: Helm is not available to render the chart's RBAC with the gate");
+    if !crate::podgroups::start_with_gate_rbac(&mut t, NAME).await {
         return;
     }
-    t.isolated_env()
-        .start_controller()
-        .await
-        .expect("start controller");
     let pool = pool_of(&t, "group");
     publish(&t, &pool, &[("d0", no_execute())]).await;
     t.create_template("tmpl").await;

@@ -41,6 +41,25 @@ pub fn pod_groups(t: &TestCtx) -> Api<DynamicObject> {
     Api::namespaced_with(t.client.clone(), &t.ns, &ar)
 }
 
+/// Applies the chart's RBAC rendered with the gate on (PodGroups' rights)
+/// and starts the controller; `false`, after one SKIP line, without Helm.
+pub async fn start_with_gate_rbac(t: &mut TestCtx, name: &str) -> bool {
+    let escaped = gates().replace(',', "\\,");
+    let applied =
+        crate::rbac::reapply_controller_rbac(&t.client, &[("featureGates", escaped.as_str())])
+            .await
+            .expect("apply the chart's RBAC with the gate on");
+    if !applied {
+        println!("SKIP: {name}: Helm is not available to render the chart's RBAC with the gate");
+        return false;
+    }
+    t.isolated_env()
+        .start_controller()
+        .await
+        .expect("start controller");
+    true
+}
+
 pub async fn create_group(t: &TestCtx) -> DynamicObject {
     let group: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
@@ -270,19 +289,9 @@ async fn podgroup_claims() {
     let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &apiserver()).await else {
         return;
     };
-    let escaped = gates().replace(',', "\\,");
-    let applied =
-        crate::rbac::reapply_controller_rbac(&t.client, &[("featureGates", escaped.as_str())])
-            .await
-            .expect("apply the chart's RBAC with the gate on");
-    if !applied {
-        println!("SKIP: {NAME}: Helm is not available to render the chart's RBAC with the gate");
+    if !start_with_gate_rbac(&mut t, NAME).await {
         return;
     }
-    t.isolated_env()
-        .start_controller()
-        .await
-        .expect("start controller");
     let outcome = story(&t).await;
     assert_eq!(outcome, expected());
     let metrics = t.controller().metrics_text().await.unwrap();
