@@ -17,9 +17,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use serde::Serialize;
 use serde_json::json;
@@ -242,10 +240,8 @@ async fn run_one(
     };
     let requests_before = under.requests().await;
     let cpu_before = proc_stats(under.pid())?.cpu_s;
-    let rules_resource = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("resource.k8s.io", "v1beta2", "DeviceTaintRule"),
-        "devicetaintrules",
-    );
+    let rules_resource =
+        dra_claim_controller::model::device_taints::RulesVersion::V1beta2.api_resource();
     let rules: Api<DynamicObject> = Api::all_with(client.clone(), &rules_resource);
     let created = Instant::now();
     rules

@@ -12,9 +12,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::cluster::{ALL_CONTROLLER_GATES, ApiserverOptions, ControllerOpts};
@@ -129,17 +127,9 @@ pub fn ensure_untouched(pod: &Pod) -> anyhow::Result<()> {
 
 /// The messages of the Normal `DeviceTaintManagerEviction` events of a pod.
 pub async fn eviction_events(t: &TestCtx, pod: &str) -> anyhow::Result<Vec<String>> {
-    let events: Api<Event> = Api::namespaced(t.client.clone(), &t.ns);
-    let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
-    Ok(events
-        .list(&lp)
+    Ok(t.events_of(pod, "Normal", "DeviceTaintManagerEviction")
         .await?
-        .items
         .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some("DeviceTaintManagerEviction")
-                && e.type_.as_deref() == Some("Normal")
-        })
         .filter_map(|e| e.message)
         .collect())
 }
@@ -309,10 +299,7 @@ pub fn rules_controller() -> ControllerOpts {
 }
 
 fn rule_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("resource.k8s.io", "v1beta2", "DeviceTaintRule"),
-        "devicetaintrules",
-    )
+    dra_claim_controller::model::device_taints::RulesVersion::V1beta2.api_resource()
 }
 
 pub async fn create_rule(t: &TestCtx, name: &str, effect: &str, selector: Value) {

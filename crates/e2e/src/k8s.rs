@@ -718,6 +718,17 @@ impl TestCtx {
 
     /// Warning events with `reason` about the pod `name`.
     pub async fn warning_events(&self, pod: &str, reason: &str) -> anyhow::Result<Vec<Event>> {
+        self.events_of(pod, "Warning", reason).await
+    }
+
+    /// Events of `type_` (`Normal`, `Warning`) with `reason` about the pod
+    /// `name`.
+    pub async fn events_of(
+        &self,
+        pod: &str,
+        type_: &str,
+        reason: &str,
+    ) -> anyhow::Result<Vec<Event>> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
         let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
         Ok(events
@@ -725,9 +736,7 @@ impl TestCtx {
             .await?
             .items
             .into_iter()
-            .filter(|e| {
-                e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning")
-            })
+            .filter(|e| e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some(type_))
             .collect())
     }
 }

@@ -83,13 +83,13 @@ impl Controller {
         let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(pending.uid.as_str()))
         else {
             debug!("pod gone or replaced; nothing to evict");
-            self.drop_pending(key, &pending.uid);
+            self.forget_pod(key, &pending.uid);
             return Ok(None);
         };
         if pod.metadata.deletion_timestamp.is_some() {
             debug!("pod already being deleted");
             self.evicted.add(pending.uid.clone());
-            self.drop_pending(key, &pending.uid);
+            self.forget_pod(key, &pending.uid);
             return Ok(None);
         }
         self.tell_pod(namespace, name, &pending.uid, "Marking for deletion");
@@ -112,7 +112,7 @@ impl Controller {
                 // Gone. (A conflict is retried on fresh state: the next read
                 // tells a replaced pod from a busy one.)
                 Err(kube::Error::Api(s)) if s.code == 404 => {
-                    self.drop_pending(key, &pending.uid);
+                    self.forget_pod(key, &pending.uid);
                     return Ok(None);
                 }
                 Err(e) => {
@@ -133,7 +133,7 @@ impl Controller {
         match api.delete(name, &delete).await {
             Ok(_) => {}
             Err(e) if is_not_found_or_conflict(&e) => {
-                self.drop_pending(key, &pending.uid);
+                self.forget_pod(key, &pending.uid);
                 return Ok(None);
             }
             Err(e) => return Err(SyncError::kube(format!("deleting pod {key}"), e)),
@@ -145,15 +145,9 @@ impl Controller {
             .as_secs_f64();
         self.metrics.deleted(late);
         self.evicted.add(pending.uid.clone());
+        self.forget_pod(key, &pending.uid);
         {
             let mut tracking = self.tracking.lock().unwrap();
-            if tracking
-                .pending
-                .get(key)
-                .is_some_and(|p| p.uid == pending.uid)
-            {
-                tracking.pending.remove(key);
-            }
             for reason in &pending.eviction.reasons {
                 if let crate::model::device_taints::TaintSource::Rule { uid, .. } = reason {
                     *tracking.evicted_by_rule.entry(uid.clone()).or_default() += 1;
@@ -169,12 +163,5 @@ impl Controller {
             "pod deleted for its devices' NoExecute taints"
         );
         Ok(None)
-    }
-
-    fn drop_pending(&self, key: &str, uid: &str) {
-        let mut tracking = self.tracking.lock().unwrap();
-        if tracking.pending.get(key).is_some_and(|p| p.uid == uid) {
-            tracking.pending.remove(key);
-        }
     }
 }

@@ -348,8 +348,8 @@ impl Controller {
         }
     }
 
-    /// A pod deleted: its eviction goes without a word (not that of a pod
-    /// under the same name with another UID).
+    /// A pod deleted, gone or evicted: its eviction goes without a word
+    /// (not that of a pod under the same name with another UID).
     pub(crate) fn forget_pod(&self, key: &str, uid: &str) {
         let mut tracking = self.tracking.lock().unwrap();
         if tracking.pending.get(key).is_some_and(|p| p.uid == uid) {
