@@ -181,6 +181,63 @@ async fn replaced_pod_gets_a_new_claim() {
     t.finish();
 }
 
+/// A pod on a node recreated under its name only after its claim was
+/// released: the claim's own sync saw no pod and left the claim to the garbage
+/// collector, as kube-controller-manager does; the new pod's arrival then
+/// proves the claim unused for good, and it is deleted (this API server
+/// runs no garbage collector, so nothing else would delete it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_recreated_after_the_release_gets_its_old_claim_deleted() {
+    let Some(t) =
+        TestCtx::shared("pod_recreated_after_the_release_gets_its_old_claim_deleted").await
+    else {
+        return;
+    };
+    t.create_template("tmpl").await;
+    // On a node, so that its deletion is not a "done" pod the claim sync
+    // could see: the claim is released only once the pod is gone.
+    let old = t
+        .create_pod("again", &[("gpu", Source::Template("tmpl"))], Some(NODE))
+        .await;
+    let old_claim = t.wait_recorded("again", &["gpu"]).await["gpu"]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    t.allocate(&old_claim, json!([pod_ref(&old)])).await;
+
+    t.delete_pod_now("again").await;
+    wait_for("the old claim to be released", TIMEOUT, async || {
+        ensure_released(&t.claims().get(&old_claim).await?)
+    })
+    .await;
+    holds_for(
+        "the released claim to stay while no pod has the name",
+        Duration::from_secs(1),
+        async || {
+            t.claims().get(&old_claim).await?;
+            Ok(())
+        },
+    )
+    .await;
+    let rv = t
+        .claims()
+        .get(&old_claim)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+
+    let new = t
+        .create_pod("again", &[("gpu", Source::Template("tmpl"))], None)
+        .await;
+    let new_claim = t.wait_recorded("again", &["gpu"]).await["gpu"].clone();
+    assert!(controlled_by(&new_claim, &uid(&new)));
+    t.wait_claim_deleted(&old_claim, &rv.unwrap_or_default())
+        .await;
+    t.finish();
+}
+
 /// A reservation for a pod that never existed is removed; the claim, now
 /// unused, is deallocated and unprotected but kept (no pod owns it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -183,22 +183,57 @@ impl<K> Store<K> {
 /// A bounded set that forgets the oldest entries first: memory stays flat
 /// however many entries arrive, and recent ones are never the ones lost.
 pub struct RecentSet<T> {
-    inner: Mutex<RecentInner<T>>,
-    capacity: usize,
-}
-
-struct RecentInner<T> {
-    /// Entry → the generation it was last added with.
-    members: HashMap<T, u64>,
-    /// Insertion order; an item whose generation no longer matches
-    /// `members` was removed or re-added since, and is skipped.
-    order: VecDeque<(T, u64)>,
-    next: u64,
+    map: RecentMap<T, ()>,
 }
 
 impl<T: Clone + Eq + std::hash::Hash> RecentSet<T> {
     pub fn new(capacity: usize) -> Self {
         RecentSet {
+            map: RecentMap::new(capacity),
+        }
+    }
+
+    /// Adds the item; one already there keeps its place in line.
+    pub fn add(&self, item: T) {
+        self.map.insert_with(item, (), false);
+    }
+
+    pub fn contains(&self, item: &T) -> bool {
+        self.map.get(item).is_some()
+    }
+
+    /// Removes the item; returns whether it was there.
+    pub fn remove(&self, item: &T) -> bool {
+        self.map.remove(item).is_some()
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A bounded map that forgets the oldest entries first, as [`RecentSet`].
+pub struct RecentMap<K, V> {
+    inner: Mutex<RecentInner<K, V>>,
+    capacity: usize,
+}
+
+struct RecentInner<K, V> {
+    /// Key → its value and the generation it was last inserted with.
+    members: HashMap<K, (V, u64)>,
+    /// Insertion order; a key whose generation no longer matches
+    /// `members` was removed or inserted again since, and is skipped.
+    order: VecDeque<(K, u64)>,
+    next: u64,
+}
+
+impl<K: Clone + Eq + std::hash::Hash, V: Clone> RecentMap<K, V> {
+    pub fn new(capacity: usize) -> Self {
+        RecentMap {
             inner: Mutex::new(RecentInner {
                 members: HashMap::new(),
                 order: VecDeque::new(),
@@ -208,39 +243,47 @@ impl<T: Clone + Eq + std::hash::Hash> RecentSet<T> {
         }
     }
 
-    pub fn add(&self, item: T) {
+    /// Inserts or replaces the value; the key becomes the newest.
+    pub fn insert(&self, key: K, value: V) {
+        self.insert_with(key, value, true);
+    }
+
+    fn insert_with(&self, key: K, value: V, replace: bool) {
         let mut guard = self.inner.lock().unwrap();
         let inner = &mut *guard;
-        if inner.members.contains_key(&item) {
+        if !replace && inner.members.contains_key(&key) {
             return;
         }
         let generation = inner.next;
         inner.next += 1;
-        inner.members.insert(item.clone(), generation);
-        inner.order.push_back((item, generation));
+        inner.members.insert(key.clone(), (value, generation));
+        inner.order.push_back((key, generation));
         while inner.members.len() > self.capacity {
             let Some((oldest, generation)) = inner.order.pop_front() else {
                 break;
             };
-            if inner.members.get(&oldest) == Some(&generation) {
+            if inner.members.get(&oldest).map(|(_, g)| *g) == Some(generation) {
                 inner.members.remove(&oldest);
             }
         }
-        // Removed entries leave stale slots behind; drop them before the
-        // queue outgrows the set by much.
+        // Removed or replaced entries leave stale slots behind; drop them
+        // before the queue outgrows the map by much.
         if inner.order.len() > 2 * self.capacity.max(1) {
             let RecentInner { members, order, .. } = inner;
-            order.retain(|(item, generation)| members.get(item) == Some(generation));
+            order
+                .retain(|(key, generation)| members.get(key).map(|(_, g)| *g) == Some(*generation));
         }
     }
 
-    pub fn contains(&self, item: &T) -> bool {
-        self.inner.lock().unwrap().members.contains_key(item)
+    pub fn get(&self, key: &K) -> Option<V> {
+        let inner = self.inner.lock().unwrap();
+        inner.members.get(key).map(|(v, _)| v.clone())
     }
 
-    /// Removes the item; returns whether it was there.
-    pub fn remove(&self, item: &T) -> bool {
-        self.inner.lock().unwrap().members.remove(item).is_some()
+    /// Removes the key; returns its value when it was there.
+    pub fn remove(&self, key: &K) -> Option<V> {
+        let mut inner = self.inner.lock().unwrap();
+        inner.members.remove(key).map(|(v, _)| v)
     }
 
     pub fn len(&self) -> usize {
@@ -287,7 +330,27 @@ mod tests {
         // A removed entry added again counts as new.
         set.add(9_999);
         assert!(set.contains(&9_999) && set.len() == 100);
-        let stale = set.inner.lock().unwrap().order.len();
+        let stale = set.map.inner.lock().unwrap().order.len();
         assert!(stale <= 200, "order queue bounded: {stale}");
+    }
+
+    #[test]
+    fn recent_map_replaces_values_and_stays_bounded() {
+        let map = RecentMap::new(2);
+        map.insert("a", 1);
+        map.insert("b", 2);
+        // Replacing makes "a" the newest: "b" is the one forgotten next.
+        map.insert("a", 3);
+        map.insert("c", 4);
+        assert_eq!(
+            (map.get(&"a"), map.get(&"b"), map.get(&"c")),
+            (Some(3), None, Some(4))
+        );
+        for i in 0..1_000 {
+            map.insert("a", i);
+        }
+        assert_eq!(map.len(), 2);
+        let stale = map.inner.lock().unwrap().order.len();
+        assert!(stale <= 4, "order queue bounded: {stale}");
     }
 }

@@ -14,7 +14,7 @@ use crate::model::indexes::{
     group_template_index, pod_claim_index, pod_group_index, pod_template_index, pod_waiting_index,
 };
 use crate::model::views::{ClaimView, NodeView, PodGroupApi, PodGroupView, PodView, TemplateView};
-use crate::runtime::store::{IndexFn, RecentSet, Store, object_key};
+use crate::runtime::store::{IndexFn, RecentMap, RecentSet, Store, object_key};
 
 /// How long a claim created by this process is remembered while the watch
 /// has not delivered it. The watch normally catches up within a second.
@@ -39,6 +39,9 @@ pub struct Caches {
     created: Mutex<HashMap<String, (Arc<ClaimView>, Instant)>>,
     /// UIDs of pods seen deleted recently.
     pub deleted_pods: RecentSet<String>,
+    /// The UID of the pod last seen deleted under each name, recently: a
+    /// pod created under that name replaces it.
+    deleted_pod_uids: RecentMap<String, String>,
     /// (pod UID, entry) whose last create failed in a way that may have
     /// committed it anyway (5xx, timeout, lost connection).
     uncertain_creates: RecentSet<(String, String)>,
@@ -86,6 +89,7 @@ impl Caches {
             group_claims: false,
             created: Mutex::new(HashMap::new()),
             deleted_pods: RecentSet::new(500),
+            deleted_pod_uids: RecentMap::new(500),
             uncertain_creates: RecentSet::new(10_000),
             missing_reported: RecentSet::new(10_000),
             synced: AtomicBool::new(false),
@@ -182,6 +186,18 @@ impl Caches {
                 .filter(|(_, at)| at.elapsed() < CREATED_CLAIM_TTL)
                 .map(|(c, _)| c.clone())
         })
+    }
+
+    /// Remembers a pod seen deleted, by UID and by name.
+    pub(crate) fn note_pod_deleted(&self, namespace: &str, name: &str, uid: &str) {
+        self.deleted_pods.add(uid.to_string());
+        self.deleted_pod_uids
+            .insert(object_key(namespace, name), uid.to_string());
+    }
+
+    /// The UID of the pod recently seen deleted under this name.
+    pub(crate) fn deleted_pod_uid(&self, namespace: &str, name: &str) -> Option<String> {
+        self.deleted_pod_uids.get(&object_key(namespace, name))
     }
 
     /// Claims controlled by the pod with `uid`, including ones just created.

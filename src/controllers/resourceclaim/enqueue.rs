@@ -126,6 +126,8 @@ pub(crate) enum LetGo {
     Removed,
     Terminated,
     DeletedBeforeScheduling,
+    /// Deleted, and a new pod now carries its name.
+    Replaced,
 }
 
 impl fmt::Display for LetGo {
@@ -134,6 +136,7 @@ impl fmt::Display for LetGo {
             LetGo::Removed => "pod got removed",
             LetGo::Terminated => "pod has terminated",
             LetGo::DeletedBeforeScheduling => "pod got deleted before scheduling",
+            LetGo::Replaced => "pod got replaced under its name",
         })
     }
 }
@@ -294,6 +297,30 @@ pub(crate) fn keys_for_pod_event(
         keys.push((WorkKey::pod(pod.namespace(), pod.name()), Why::Pod(needs)));
     }
     keys
+}
+
+/// The keys a pod new to the cache wakes because it replaces a deleted pod
+/// of its name: the claims the deleted pod owned. Their sync may have run
+/// while neither pod was cached; it then left them to the garbage collector,
+/// and nothing else would bring them back before the next resync, although
+/// the replacement now proves they will never be used.
+pub(crate) fn keys_for_replacement(pod: &PodView, caches: &Caches) -> Vec<(WorkKey, Why)> {
+    let Some(previous_uid) = caches.deleted_pod_uid(pod.namespace(), pod.name()) else {
+        return Vec::new();
+    };
+    if previous_uid == pod.uid() {
+        return Vec::new();
+    }
+    caches
+        .claims_owned_by(&previous_uid)
+        .iter()
+        .map(|c| {
+            (
+                WorkKey::claim(c.namespace(), c.name()),
+                Why::PodLetGo(LetGo::Replaced),
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -539,5 +566,27 @@ mod tests {
                 Why::PodLetGo(LetGo::Removed)
             )]
         );
+    }
+
+    /// A pod deleted and created again under its name: the new pod's
+    /// arrival wakes the claims the deleted one owned, and only those.
+    #[test]
+    fn replacement_wakes_the_claims_of_the_pod_it_replaces() {
+        let caches = Caches::new();
+        caches
+            .claims
+            .apply("ns/old".into(), claim("old", "u1", false, &[]));
+        caches
+            .claims
+            .apply("ns/new".into(), claim("new", "u2", false, &[]));
+        let replacement = pod(json!({"metadata": {"uid": "u2"}}));
+        assert!(keys_for_replacement(&replacement, &caches).is_empty());
+        caches.note_pod_deleted("ns", "p", "u1");
+        assert_eq!(
+            keys_for_replacement(&replacement, &caches),
+            vec![(WorkKey::claim("ns", "old"), Why::PodLetGo(LetGo::Replaced))]
+        );
+        // The deleted pod's own update (same UID) wakes nothing.
+        assert!(keys_for_replacement(&pod(json!({})), &caches).is_empty());
     }
 }

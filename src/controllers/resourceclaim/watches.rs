@@ -8,7 +8,7 @@ use std::time::Instant;
 use tracing::info;
 
 use super::Controller;
-use super::enqueue::{Why, WorkKey, keys_for_pod_event};
+use super::enqueue::{Why, WorkKey, keys_for_pod_event, keys_for_replacement};
 use super::observe::observe;
 use super::podgroup;
 use crate::model::indexes::{GROUPS_BY_CLAIM, GROUPS_BY_TEMPLATE, PODS_BY_CLAIM, PODS_BY_TEMPLATE};
@@ -66,6 +66,11 @@ impl Handler<PodView> for Controller {
             Some(pod) => {
                 let pod = Arc::new(pod);
                 let old = caches.pods.apply(key, pod.clone());
+                if cached.is_none() || seen.replaced {
+                    // Only now that the new pod is cached can the sync of
+                    // the old pod's claims tell they are replaced.
+                    self.enqueue(keys_for_replacement(&pod, caches));
+                }
                 self.enqueue(keys_for_pod_event(&pod, false, caches, self.ctx.gates));
                 for observer in self.observers.pods() {
                     observer.applied(old.as_deref(), &pod);
@@ -264,7 +269,7 @@ impl Controller {
 
     fn pod_deleted(&self, pod: &PodView) {
         let caches = &self.ctx.caches;
-        caches.deleted_pods.add(pod.uid().to_string());
+        caches.note_pod_deleted(pod.namespace(), pod.name(), pod.uid());
         self.enqueue(keys_for_pod_event(pod, true, caches, self.ctx.gates));
         for observer in self.observers.pods() {
             observer.deleted(pod);
