@@ -19,7 +19,9 @@ use crate::controllers::devicetaint::{
 use crate::controllers::headroom::{
     Controller as Headroom, Settings as HeadroomSettings, Stores as HeadroomStores,
 };
-use crate::controllers::poolstatus::{PoolGauge, PoolMetrics};
+use crate::controllers::poolstatus::{
+    PoolGauge, PoolMetrics, PoolStatusRequestStores, PoolStatusRequests,
+};
 use crate::controllers::resourceclaim::Controller;
 use crate::model::views::{ClaimView, PodView};
 use crate::runtime::informer::{Handler, Observer};
@@ -286,6 +288,27 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         None
     };
+    let pool_status_requests =
+        if args.controllers.resource_pool_status_request && gates.resource_pool_status {
+            device_watches.read(Kinds {
+                slices: true,
+                ..Kinds::default()
+            });
+            let requests = PoolStatusRequests::new(
+                client.clone(),
+                PoolStatusRequestStores {
+                    slices: device_watches.stores().slices.clone(),
+                    claims: controller.caches().claims.clone(),
+                },
+                &registry,
+                controller.reachability().clone(),
+            )?;
+            tokio::spawn(requests.clone().run_watch(client.clone()));
+            info!("ResourcePoolStatusRequests are answered (DRAResourcePoolStatus is on)");
+            Some(requests)
+        } else {
+            None
+        };
     if args.pool_metrics != PoolMetrics::Off {
         device_watches.read(Kinds {
             slices: true,
@@ -422,6 +445,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(eviction) = &device_taints {
         rooms.push(Box::new(eviction.clone()));
+    }
+    if let Some(requests) = &pool_status_requests {
+        rooms.push(Box::new(requests.clone()));
     }
     let workers: Vec<tokio::task::JoinHandle<()>> = rooms
         .iter()

@@ -319,6 +319,8 @@ pub struct Controllers {
     pub headroom: bool,
     /// kube-controller-manager's `device-taint-eviction-controller`.
     pub device_taint_eviction: bool,
+    /// kube-controller-manager's `resourcepoolstatusrequest-controller`.
+    pub resource_pool_status_request: bool,
 }
 
 /// Parses `--controllers` with kube-controller-manager's syntax: `*` turns
@@ -328,11 +330,11 @@ pub struct Controllers {
 /// controller, what this binary is, cannot be turned off; `headroom` is off
 /// unless named.
 pub(crate) fn parse_controllers(s: &str) -> Result<Controllers, String> {
-    const KNOWN: &str =
-        "known: *, resourceclaim, device-taint-eviction, headroom (a leading '-' turns one off)";
+    const KNOWN: &str = "known: *, resourceclaim, device-taint-eviction, resourcepoolstatusrequest, headroom (a leading '-' turns one off)";
     let mut controllers = Controllers {
         headroom: false,
         device_taint_eviction: false,
+        resource_pool_status_request: false,
     };
     let mut claim = false;
     for entry in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -344,8 +346,10 @@ pub(crate) fn parse_controllers(s: &str) -> Result<Controllers, String> {
             "*" if on => {
                 claim = true;
                 controllers.device_taint_eviction = true;
+                controllers.resource_pool_status_request = true;
             }
             "device-taint-eviction" => controllers.device_taint_eviction = on,
+            "resourcepoolstatusrequest" => controllers.resource_pool_status_request = on,
             "resourceclaim" => claim = on,
             "headroom" => controllers.headroom = on,
             _ => return Err(format!("unknown controller {entry:?}; {KNOWN}")),
@@ -523,10 +527,27 @@ mod tests {
             ("*,garbagecollector", None),
         ];
         for (value, want) in rows {
+            let pool_status = parse_controllers(value)
+                .ok()
+                .map(|c| c.resource_pool_status_request);
+            let want_pool_status = want.map(|_| value.contains('*'));
+            assert_eq!(pool_status, want_pool_status, "--controllers={value}");
             let got = parse_controllers(value)
                 .ok()
                 .map(|c| (c.headroom, c.device_taint_eviction));
             assert_eq!(got, want, "--controllers={value}");
+        }
+    }
+
+    #[test]
+    fn pool_status_requests_are_named_as_kube_controller_manager_names_them() {
+        for (value, on) in [
+            ("*,-resourcepoolstatusrequest-controller", false),
+            ("resourceclaim,resourcepoolstatusrequest", true),
+            ("resourceclaim,resourcepoolstatusrequest-controller", true),
+        ] {
+            let got = parse_controllers(value).map(|c| c.resource_pool_status_request);
+            assert_eq!(got, Ok(on), "--controllers={value}");
         }
     }
 

@@ -53,6 +53,8 @@ mod faults_races;
 mod faults_restarts;
 #[path = "e2e/podgroups.rs"]
 mod podgroups;
+#[path = "e2e/pool_status.rs"]
+mod pool_status;
 #[path = "e2e/prescheduled_policy.rs"]
 mod prescheduled_policy;
 #[path = "e2e/real_node_drain.rs"]

@@ -424,6 +424,8 @@ mod device_taints;
 mod headroom;
 #[path = "helm_chart/monitoring.rs"]
 mod monitoring;
+#[path = "helm_chart/pool_status.rs"]
+mod pool_status;
 #[path = "helm_chart/prescheduled_and_allocation.rs"]
 mod prescheduled_and_allocation;
 #[path = "helm_chart/priority.rs"]

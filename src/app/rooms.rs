@@ -10,6 +10,7 @@ use futures::future::BoxFuture;
 use crate::controllers::allocator::Controller as Allocator;
 use crate::controllers::devicetaint::Controller as DeviceTaintEviction;
 use crate::controllers::headroom::Controller as Headroom;
+use crate::controllers::poolstatus::PoolStatusRequests;
 use crate::controllers::resourceclaim::Controller as ClaimController;
 
 /// What `app::run` does with each controller.
@@ -88,5 +89,20 @@ impl Room for Arc<DeviceTaintEviction> {
     }
     fn shut_down(&self) -> BoxFuture<'_, ()> {
         Box::pin(DeviceTaintEviction::shut_down(self))
+    }
+}
+
+impl Room for Arc<PoolStatusRequests> {
+    fn start_leading(&self) {
+        PoolStatusRequests::start_leading(self);
+    }
+    fn run_workers(&self) -> BoxFuture<'static, ()> {
+        Box::pin(self.clone().run_worker())
+    }
+    fn shut_queue(&self) {
+        self.queue().shut_down();
+    }
+    fn shut_down(&self) -> BoxFuture<'_, ()> {
+        Box::pin(PoolStatusRequests::shut_down(self))
     }
 }

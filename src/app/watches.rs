@@ -15,8 +15,8 @@ use tracing::{info, warn};
 use crate::model::device_taints::RulesVersion;
 use crate::model::views::{DeviceStores, NodeView};
 use crate::runtime::informer::{Handler, Informer, Observer};
-use crate::runtime::retry::Backoff;
 use crate::runtime::shared::Mirror;
+use crate::runtime::startup::{DISCOVERY_TRIES, Discovered, discover_within};
 
 /// Who observes each kind. A kind is watched when someone observes it, or
 /// when a room reads its store ([`DeviceWatches::read`]).
@@ -196,45 +196,24 @@ async fn when(on: bool, watch: impl Future<Output = ()>) {
     }
 }
 
-/// How many times one version is asked before it counts as not served:
-/// one unanswered request must not leave the rules unwatched, and a server
-/// that never answers must not keep the process from becoming ready.
-const DISCOVERY_TRIES: usize = 6;
-
 /// Which version serves DeviceTaintRules: `v1` first, then `v1beta2`;
-/// `None` when neither lists the resource (or neither answered in
-/// [`DISCOVERY_TRIES`] tries, with backoff).
+/// `None` when neither lists the resource (or discovery got no answer in
+/// [`DISCOVERY_TRIES`] tries).
 async fn discover_rules_version(client: &kube::Client) -> Option<RulesVersion> {
-    let mut backoff = Backoff::default();
-    for version in [RulesVersion::V1, RulesVersion::V1beta2] {
-        for _ in 0..DISCOVERY_TRIES {
-            let asked = tokio::time::timeout(
-                Duration::from_secs(10),
-                client.list_api_group_resources(version.api_version()),
-            )
-            .await;
-            match asked {
-                Ok(Ok(list)) => {
-                    if list.resources.iter().any(|r| r.name == "devicetaintrules") {
-                        return Some(version);
-                    }
-                    break;
-                }
-                Ok(Err(kube::Error::Api(status))) if status.code == 404 => break,
-                Ok(Err(e)) => {
-                    warn!(api_version = version.api_version(), error = %e, "discovering DeviceTaintRules failed; retrying");
-                }
-                Err(_) => {
-                    warn!(
-                        api_version = version.api_version(),
-                        "discovering DeviceTaintRules got no answer within 10 s; retrying"
-                    );
-                }
-            }
-            tokio::time::sleep(backoff.next_pause()).await;
-        }
+    let found = discover_within(
+        client,
+        "resource.k8s.io",
+        &["v1", "v1beta2"],
+        "devicetaintrules",
+        DISCOVERY_TRIES,
+        Duration::from_secs(10),
+    )
+    .await;
+    match found {
+        Discovered::Served(version) if version == "v1" => Some(RulesVersion::V1),
+        Discovered::Served(_) => Some(RulesVersion::V1beta2),
+        Discovered::NotServed | Discovered::NoAnswer => None,
     }
-    None
 }
 
 /// A `v1beta2` rule read as `v1`: the same fields under another

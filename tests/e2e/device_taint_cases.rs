@@ -277,7 +277,7 @@ async fn evict_pod_resourceclaim_podgroup() {
     let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &apiserver()).await else {
         return;
     };
-    if !crate::podgroups::start_with_gate_rbac(&mut t, NAME).await {
+    if !crate::podgroups::start_with_gate_rbac(&mut t, NAME, &gates()).await {
         return;
     }
     let pool = pool_of(&t, "group");

@@ -144,23 +144,16 @@ async fn device_taint_eviction_story_ours() {
 /// The same story with kube-controller-manager 1.36's controller.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn differential_device_taint_eviction_story() {
-    const NAME: &str = "differential_device_taint_eviction_story";
-    let Some(kcm) = crate::reference::binary_or_skip(NAME) else {
-        return;
-    };
-    let Some(mut t) =
-        TestCtx::isolated_with(NAME, ControllerOpts::default(), 0, &rules_apiserver()).await
-    else {
-        return;
-    };
-    let reference = crate::reference::Reference::start_controllers_with(
-        &kcm,
-        &t.isolated_env().cluster,
+    let Some((t, reference)) = crate::reference::isolated_with_reference(
+        "differential_device_taint_eviction_story",
+        &rules_apiserver(),
         &["device-taint-eviction-controller"],
         &["--feature-gates=DRADeviceTaintRules=true".into()],
     )
     .await
-    .expect("start kube-controller-manager");
+    else {
+        return;
+    };
     let outcome = story(&t).await;
     drop(reference);
     assert_eq!(outcome, expected(), "the reference ends where ours does");

@@ -41,10 +41,11 @@ pub fn pod_groups(t: &TestCtx) -> Api<DynamicObject> {
     Api::namespaced_with(t.client.clone(), &t.ns, &ar)
 }
 
-/// Applies the chart's RBAC rendered with the gate on (PodGroups' rights)
-/// and starts the controller; `false`, after one SKIP line, without Helm.
-pub async fn start_with_gate_rbac(t: &mut TestCtx, name: &str) -> bool {
-    let escaped = gates().replace(',', "\\,");
+/// Applies the chart's RBAC rendered with `featureGates` set to `gates`
+/// (a gate's rights: PodGroups', pool status requests') and starts the
+/// controller; `false`, after one SKIP line, without Helm.
+pub async fn start_with_gate_rbac(t: &mut TestCtx, name: &str, gates: &str) -> bool {
+    let escaped = gates.replace(',', "\\,");
     let applied =
         crate::rbac::reapply_controller_rbac(&t.client, &[("featureGates", escaped.as_str())])
             .await
@@ -289,7 +290,7 @@ async fn podgroup_claims() {
     let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &apiserver()).await else {
         return;
     };
-    if !start_with_gate_rbac(&mut t, NAME).await {
+    if !start_with_gate_rbac(&mut t, NAME, &gates()).await {
         return;
     }
     let outcome = story(&t).await;

@@ -27,7 +27,7 @@ fn device_taint_eviction_is_on_by_default_and_its_rights_go_with_it() {
     let off = render_or_skip!(&[("deviceTaintEviction.enabled", "false")]);
     let got = args(&off);
     assert!(
-        got.contains(&"--controllers=resourceclaim".to_string()),
+        got.contains(&"--controllers=resourceclaim,resourcepoolstatusrequest".to_string()),
         "{got:?}"
     );
     assert!(!got.iter().any(|a| a.contains("device-taint")), "{got:?}");

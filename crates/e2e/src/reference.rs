@@ -180,3 +180,27 @@ pub async fn wait_healthy(proc: &Proc, port: u16) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A test with kube-controller-manager running `controllers` (with `extra`
+/// flags) on its own API server started with `apiserver`, and none of
+/// ours; `None` after one `SKIP:` line when a binary is missing.
+pub async fn isolated_with_reference(
+    name: &'static str,
+    apiserver: &crate::cluster::ApiserverOptions,
+    controllers: &[&str],
+    extra: &[String],
+) -> Option<(crate::ctx::TestCtx, Reference)> {
+    let kcm = binary_or_skip(name)?;
+    let mut t = crate::ctx::TestCtx::isolated_with(
+        name,
+        crate::cluster::ControllerOpts::default(),
+        0,
+        apiserver,
+    )
+    .await?;
+    let reference =
+        Reference::start_controllers_with(&kcm, &t.isolated_env().cluster, controllers, extra)
+            .await
+            .expect("start kube-controller-manager");
+    Some((t, reference))
+}

@@ -155,19 +155,21 @@ fn rules_api(client: &kube::Client, version: RulesVersion) -> Api<DynamicObject>
 
 /// Which version serves DeviceTaintRules, if any.
 pub(crate) async fn rules_version(client: &kube::Client) -> Result<RulesVersion, String> {
-    for version in [RulesVersion::V1, RulesVersion::V1beta2] {
-        match client.list_api_group_resources(version.api_version()).await {
-            Ok(list) if list.resources.iter().any(|r| r.name == "devicetaintrules") => {
-                return Ok(version);
-            }
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(format!("discovering DeviceTaintRules: {e}")),
-        }
-    }
-    Err("the API server serves no DeviceTaintRule (resource.k8s.io v1 or v1beta2): on Kubernetes 1.36 \
+    let served = dra_runtime::startup::probe_served(
+        client,
+        "resource.k8s.io",
+        &["v1", "v1beta2"],
+        "devicetaintrules",
+    )
+    .await
+    .map_err(|e| format!("discovering DeviceTaintRules: {e}"))?;
+    match served.as_deref() {
+        Some("v1") => Ok(RulesVersion::V1),
+        Some(_) => Ok(RulesVersion::V1beta2),
+        None => Err("the API server serves no DeviceTaintRule (resource.k8s.io v1 or v1beta2): on Kubernetes 1.36 \
          turn on the DRADeviceTaintRules gate and --runtime-config=resource.k8s.io/v1beta2=true"
-        .into())
+            .into()),
+    }
 }
 
 /// The `EvictionInProgress` message of a rule, if written.

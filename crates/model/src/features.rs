@@ -33,6 +33,10 @@ pub struct FeatureGates {
     /// `resource.k8s.io/v1beta2` API; GA with `v1` in 1.37): DeviceTaintRules
     /// taint devices, and their status is written.
     pub device_taint_rules: bool,
+    /// `DRAResourcePoolStatus` (alpha, off in 1.36 and 1.37, with the
+    /// `resource.k8s.io/v1alpha3` API): ResourcePoolStatusRequests are
+    /// answered.
+    pub resource_pool_status: bool,
     /// Which release's rules apply where 1.36 and 1.37 differ (not a gate:
     /// set from `--reference-release` or the API server's version).
     pub release: Release,
@@ -98,6 +102,7 @@ impl Default for FeatureGates {
             generic_workload: false,
             device_taints: true,
             device_taint_rules: false,
+            resource_pool_status: false,
             release: Release::V1_36,
         }
     }
@@ -117,7 +122,7 @@ impl FeatureGates {
     }
 }
 
-const KNOWN: [&str; 7] = [
+const KNOWN: [&str; 8] = [
     "DRAAdminAccess",
     "DRAPrioritizedList",
     "DRAExtendedResource",
@@ -125,6 +130,7 @@ const KNOWN: [&str; 7] = [
     "GenericWorkload",
     "DRADeviceTaints",
     "DRADeviceTaintRules",
+    "DRAResourcePoolStatus",
 ];
 
 /// PodGroup claims (KEP-5729). 1.36 spells the gate
@@ -181,6 +187,7 @@ impl FromStr for FeatureGateFlag {
                 "GenericWorkload" => flag.gates.generic_workload = value,
                 "DRADeviceTaints" => flag.gates.device_taints = value,
                 "DRADeviceTaintRules" => flag.gates.device_taint_rules = value,
+                "DRAResourcePoolStatus" => flag.gates.resource_pool_status = value,
                 _ if WORKLOAD_RESOURCE_CLAIMS.contains(&name) => {
                     flag.gates.workload_resource_claims = value
                 }
@@ -215,14 +222,15 @@ impl fmt::Display for FeatureGates {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "DRAAdminAccess={},DRAPrioritizedList={},DRAExtendedResource={},DRAWorkloadResourceClaims={},GenericWorkload={},DRADeviceTaints={},DRADeviceTaintRules={}",
+            "DRAAdminAccess={},DRAPrioritizedList={},DRAExtendedResource={},DRAWorkloadResourceClaims={},GenericWorkload={},DRADeviceTaints={},DRADeviceTaintRules={},DRAResourcePoolStatus={}",
             self.admin_access,
             self.prioritized_list,
             self.extended_resource,
             self.workload_resource_claims,
             self.generic_workload,
             self.device_taints,
-            self.device_taint_rules
+            self.device_taint_rules,
+            self.resource_pool_status
         )
     }
 }
@@ -278,6 +286,7 @@ mod tests {
             generic_workload: true,
             device_taints: false,
             device_taint_rules: true,
+            resource_pool_status: true,
             release: Release::V1_36,
         };
         assert_eq!(gates.to_string().parse::<FeatureGates>(), Ok(gates));

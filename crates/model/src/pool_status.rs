@@ -25,6 +25,46 @@ const MAX_VALIDATION_ERROR: usize = 256;
 pub const COMPLETED_TTL: Duration = Duration::from_secs(3600);
 /// A request never answered is deleted this long after its creation.
 pub const PENDING_TTL: Duration = Duration::from_secs(24 * 3600);
+/// How long a request whose answer would hold an incomplete pool waits for
+/// the driver to publish the rest (counted from the request's creation);
+/// then it is answered with the pool's `validationError`.
+pub const INCOMPLETE_GRACE: Duration = Duration::from_secs(30);
+/// While it waits, the answer is computed again this often.
+const INCOMPLETE_RECHECK: Duration = Duration::from_secs(2);
+
+/// The reason of the `Complete` condition.
+pub const COMPLETE_REASON: &str = "CalculationComplete";
+
+/// Whether to write the answer now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Write,
+    /// A returned pool is incomplete and the grace is not over: compute
+    /// again after this long.
+    WaitForSlices(Duration),
+}
+
+/// Whether `answer` is written now. kube-controller-manager 1.36 never
+/// writes an answer holding an incomplete pool: it retries six times within
+/// about 155 ms, then drops the request until something else queues it.
+/// Here such a request waits up to [`INCOMPLETE_GRACE`] after its creation
+/// for the pool to complete, then gets the answer the API documents: the
+/// pool with its `validationError` and no counts.
+pub fn when_to_reply(answer: &Answer, created: Option<Timestamp>, now: Timestamp) -> Reply {
+    if !answer.has_incomplete_pool() {
+        return Reply::Write;
+    }
+    let Some(created) = created else {
+        return Reply::Write;
+    };
+    let waited = now.duration_since(created);
+    let grace = SignedDuration::try_from(INCOMPLETE_GRACE).unwrap_or(SignedDuration::MAX);
+    if waited >= grace {
+        return Reply::Write;
+    }
+    let left = Duration::try_from(grace - waited).unwrap_or(INCOMPLETE_GRACE);
+    Reply::WaitForSlices(left.min(INCOMPLETE_RECHECK))
+}
 
 /// One pool of the answer.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -210,6 +250,21 @@ pub fn should_delete(
         Some(None) => is_older_than(created, COMPLETED_TTL, now),
         None => is_older_than(created, PENDING_TTL, now),
     }
+}
+
+/// When a request was answered, for [`should_delete`]: `None` while it has
+/// no status; `Some(None)` for a status without a `Complete` or `Failed`
+/// condition; else the first such condition's time.
+pub fn answered_at(
+    status: Option<&k8s_openapi::api::resource::v1alpha3::ResourcePoolStatusRequestStatus>,
+) -> Option<Option<Timestamp>> {
+    let status = status?;
+    let first = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Complete" || c.type_ == "Failed");
+    Some(first.map(|c| c.last_transition_time.0))
 }
 
 #[cfg(test)]

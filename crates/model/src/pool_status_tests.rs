@@ -292,3 +292,96 @@ fn should_delete_request_table() {
         assert_eq!(should_delete(created, answered, now), want, "{name}");
     }
 }
+
+#[test]
+fn an_incomplete_pool_waits_for_its_slices_then_is_answered() {
+    let now: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
+    let ago = |secs: i64| Some(now.checked_sub(SignedDuration::from_secs(secs)).unwrap());
+    let n1 = Some("node-1");
+    let complete = answer(
+        DRIVER,
+        None,
+        None,
+        &[slice("s1", DRIVER, "pool-1", 1, 1, 4, n1)],
+        &[],
+    );
+    let incomplete = answer(
+        DRIVER,
+        None,
+        None,
+        &[slice("s1", DRIVER, "pool-1", 1, 2, 4, n1)],
+        &[],
+    );
+    // An incomplete pool past `limit` is not returned: nothing to wait for.
+    let beyond_limit = answer(
+        DRIVER,
+        None,
+        Some(1),
+        &[
+            slice("a", DRIVER, "pool-a", 1, 1, 4, n1),
+            slice("b", DRIVER, "pool-b", 1, 2, 4, n1),
+        ],
+        &[],
+    );
+    let rows = [
+        ("complete-at-once", &complete, ago(0), Reply::Write),
+        (
+            "incomplete-just-created",
+            &incomplete,
+            ago(0),
+            Reply::WaitForSlices(Duration::from_secs(2)),
+        ),
+        (
+            "incomplete-near-the-end-of-the-grace",
+            &incomplete,
+            ago(29),
+            Reply::WaitForSlices(Duration::from_secs(1)),
+        ),
+        (
+            "incomplete-after-the-grace",
+            &incomplete,
+            ago(30),
+            Reply::Write,
+        ),
+        (
+            "incomplete-without-creation-time",
+            &incomplete,
+            None,
+            Reply::Write,
+        ),
+        (
+            "incomplete-beyond-the-limit",
+            &beyond_limit,
+            ago(0),
+            Reply::Write,
+        ),
+    ];
+    for (name, answer, created, want) in rows {
+        assert_eq!(when_to_reply(answer, created, now), want, "{name}");
+    }
+}
+
+#[test]
+fn answered_at_is_the_first_complete_or_failed_condition() {
+    use k8s_openapi::api::resource::v1alpha3::ResourcePoolStatusRequestStatus;
+    let status: ResourcePoolStatusRequestStatus = serde_json::from_value(json!({
+        "poolCount": 0,
+        "conditions": [
+            {"type": "Other", "status": "True", "reason": "R", "message": "",
+             "lastTransitionTime": "2026-01-01T10:00:00Z"},
+            {"type": "Failed", "status": "True", "reason": "CalculationFailed", "message": "",
+             "lastTransitionTime": "2026-01-01T11:00:00Z"},
+            {"type": "Complete", "status": "True", "reason": COMPLETE_REASON, "message": "",
+             "lastTransitionTime": "2026-01-01T11:30:00Z"}
+        ]
+    }))
+    .unwrap();
+    assert_eq!(
+        answered_at(Some(&status)),
+        Some(Some("2026-01-01T11:00:00Z".parse().unwrap()))
+    );
+    let bare: ResourcePoolStatusRequestStatus =
+        serde_json::from_value(json!({"poolCount": 0})).unwrap();
+    assert_eq!(answered_at(Some(&bare)), Some(None));
+    assert_eq!(answered_at(None), None);
+}

@@ -121,6 +121,54 @@ pub async fn probe_served(
     Ok(None)
 }
 
+/// How many times [`discover_within`] is usually tried before a kind
+/// counts as not served.
+pub const DISCOVERY_TRIES: usize = 6;
+
+/// What a discovery bounded in tries found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Discovered {
+    /// Served in this version (the first of those asked).
+    Served(String),
+    /// Served in none of the versions asked.
+    NotServed,
+    /// No try was answered.
+    NoAnswer,
+}
+
+/// [`probe_served`] for a kind a room can do without: up to `tries` tries
+/// (each within `per_try`, paused by [`Backoff`]), so that one unanswered
+/// request does not leave the kind unwatched, and an API server that never
+/// answers does not keep the process from working.
+pub async fn discover_within(
+    client: &kube::Client,
+    group: &str,
+    versions: &[&str],
+    plural: &str,
+    tries: usize,
+    per_try: Duration,
+) -> Discovered {
+    let mut backoff = Backoff::default();
+    for attempt in 1..=tries.max(1) {
+        let error = match tokio::time::timeout(
+            per_try,
+            probe_served(client, group, versions, plural),
+        )
+        .await
+        {
+            Ok(Ok(Some(version))) => return Discovered::Served(version),
+            Ok(Ok(None)) => return Discovered::NotServed,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {} s", per_try.as_secs_f64()),
+        };
+        warn!(group, plural, attempt, error = %error, "discovery failed; retrying");
+        if attempt < tries {
+            tokio::time::sleep(backoff.next_pause()).await;
+        }
+    }
+    Discovered::NoAnswer
+}
+
 /// What a failed try says to an admin: a refusal names the permission to
 /// grant, anything else the error as the client reported it.
 pub fn describe_failure(read: StartupRead<'_>, error: &kube::Error) -> String {

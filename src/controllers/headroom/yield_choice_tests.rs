@@ -107,6 +107,7 @@ const GATES: Gates = Gates {
     generic_workload: false,
     device_taints: true,
     device_taint_rules: false,
+    resource_pool_status: false,
     release: crate::model::features::Release::V1_36,
 };
 

@@ -1,0 +1,388 @@
+//! kube-controller-manager's `resourcepoolstatusrequest-controller`
+//! (`DRAResourcePoolStatus`, `resource.k8s.io/v1alpha3`): a request without
+//! status gets its answer once (per-pool device counts, computed by
+//! `model::pool_status` from the slices and claims already in memory),
+//! written with `UpdateStatus` as there; answered requests are deleted an
+//! hour after their condition, forgotten ones a day after their creation,
+//! every 10 minutes, each with a UID precondition.
+//!
+//! Beyond upstream: a request whose answer holds an incomplete pool waits
+//! up to 30 s for the driver to publish the rest, then is answered with the
+//! pool's `validationError` (upstream drops such requests unanswered).
+//!
+//! Its one watch, of the requests, starts only when discovery finds the API
+//! served; slices and claims come from the process's shared stores.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1alpha3::{
+    PoolStatus, ResourcePoolStatusRequest, ResourcePoolStatusRequestStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::request_metrics::RequestMetrics;
+use crate::model::pool_status::{
+    Answer, COMPLETE_REASON, PoolAnswer, Reply, answer, answered_at, should_delete, when_to_reply,
+};
+use crate::model::views::ClaimView;
+use crate::runtime::error::{SyncError, kube_err};
+use crate::runtime::informer::{Handler, Informer};
+use crate::runtime::reachability::Reachability;
+use crate::runtime::retry::requeue;
+use crate::runtime::startup::{DISCOVERY_TRIES, Discovered, discover_within};
+use crate::runtime::store::Store;
+use crate::workqueue::WorkQueue;
+
+/// kube-controller-manager's name for it: the workqueue's `name` and the
+/// status field manager.
+pub const CONTROLLER_NAME: &str = "resourcepoolstatusrequest-controller";
+
+/// The API the requests are served in (alpha in 1.36 and 1.37).
+const GROUP: &str = "resource.k8s.io";
+const VERSION: &str = "v1alpha3";
+const PLURAL: &str = "resourcepoolstatusrequests";
+
+/// How often expired requests are looked for (upstream's interval).
+const CLEANUP_EVERY: Duration = Duration::from_secs(600);
+
+/// One work item: a request to answer (its name), or the clean-up.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Item {
+    Request(String),
+    Cleanup,
+}
+
+/// The stores it reads (none of them its own but the requests').
+pub struct Stores {
+    pub slices: Arc<Store<k8s_openapi::api::resource::v1::ResourceSlice>>,
+    pub claims: Arc<Store<ClaimView>>,
+}
+
+pub struct Controller {
+    api: Api<ResourcePoolStatusRequest>,
+    requests: Store<ResourcePoolStatusRequest>,
+    watch: Informer,
+    stores: Stores,
+    queue: WorkQueue<Item>,
+    leading: AtomicBool,
+    reachability: Arc<Reachability>,
+    metrics: RequestMetrics,
+}
+
+impl Controller {
+    pub fn new(
+        client: kube::Client,
+        stores: Stores,
+        registry: &prometheus::Registry,
+        reachability: Arc<Reachability>,
+    ) -> anyhow::Result<Arc<Self>> {
+        Ok(Arc::new(Controller {
+            api: Api::all(client),
+            requests: Store::new(Vec::new()),
+            watch: Informer::new(PLURAL),
+            stores,
+            queue: WorkQueue::new(CONTROLLER_NAME, Some(registry)),
+            leading: AtomicBool::new(false),
+            reachability,
+            metrics: RequestMetrics::register(registry)?,
+        }))
+    }
+
+    pub(crate) fn queue(&self) -> &WorkQueue<Item> {
+        &self.queue
+    }
+
+    fn is_leading(&self) -> bool {
+        self.leading.load(Ordering::Acquire)
+    }
+
+    /// Watches the requests once discovery finds their API; when it is not
+    /// served, says how to turn it on and does nothing more.
+    pub(crate) async fn run_watch(self: Arc<Self>, client: kube::Client) {
+        let found = discover_within(
+            &client,
+            GROUP,
+            &[VERSION],
+            PLURAL,
+            DISCOVERY_TRIES,
+            Duration::from_secs(10),
+        )
+        .await;
+        if found == Discovered::NotServed || found == Discovered::NoAnswer {
+            warn!(
+                discovery = ?found,
+                "DRAResourcePoolStatus is on, but the API server serves no ResourcePoolStatusRequest \
+                 (resource.k8s.io/v1alpha3), or did not answer its discovery: requests are not answered. \
+                 Enable the API server's --runtime-config=resource.k8s.io/v1alpha3=true and its \
+                 DRAResourcePoolStatus gate, then restart this controller"
+            );
+            return;
+        }
+        info!(
+            api_version = "resource.k8s.io/v1alpha3",
+            "watching ResourcePoolStatusRequests"
+        );
+        self.watch.run(self.api.clone(), &*self).await;
+    }
+
+    /// Acts as leader from now on: every request without status is queued,
+    /// and the clean-up runs at once, then every 10 minutes.
+    pub(crate) fn start_leading(&self) {
+        self.leading.store(true, Ordering::Release);
+        let pending = self.queue_pending();
+        self.queue.add(Item::Cleanup);
+        info!(
+            pending,
+            "pool status requests leading: queued the requests without status"
+        );
+    }
+
+    fn queue_pending(&self) -> usize {
+        let mut pending = 0;
+        for request in self.requests.list() {
+            if request.status.is_none()
+                && let Some(name) = &request.metadata.name
+            {
+                self.queue.add(Item::Request(name.clone()));
+                pending += 1;
+            }
+        }
+        pending
+    }
+
+    pub(crate) async fn shut_down(&self) {
+        self.leading.store(false, Ordering::Release);
+        self.queue.shut_down();
+        self.queue.wait_idle().await;
+    }
+
+    /// One worker, as upstream: answers are cheap, and one at a time
+    /// keeps the API server's load flat whatever the number of requests.
+    pub(crate) async fn run_worker(self: Arc<Self>) {
+        loop {
+            self.reachability.wait_reachable().await;
+            let Some(item) = self.queue.get().await else {
+                return;
+            };
+            let span = match &item {
+                Item::Request(name) => info_span!("pool-status-request", request = %name),
+                Item::Cleanup => info_span!("pool-status-request-cleanup"),
+            };
+            let result = match &item {
+                Item::Request(name) => self.reply(name).instrument(span.clone()).await,
+                Item::Cleanup => self.clean_up().instrument(span.clone()).await,
+            };
+            let _entered = span.enter();
+            requeue(&self.queue, &self.reachability, &item, result);
+            self.queue.done(&item);
+        }
+    }
+
+    /// Answers the request `name` if it has no status yet; `Some(delay)`:
+    /// its answer would hold an incomplete pool, look again after it.
+    async fn reply(&self, name: &str) -> Result<Option<Duration>, SyncError> {
+        let started = Instant::now();
+        let Some(request) = self.requests.get(name) else {
+            debug!("request gone");
+            return Ok(None);
+        };
+        if request.status.is_some() {
+            debug!("request already answered");
+            return Ok(None);
+        }
+        let spec = &request.spec;
+        let slices = self.stores.slices.list();
+        let claims = self.stores.claims.list();
+        let answer = answer(
+            &spec.driver,
+            spec.pool_name.as_deref(),
+            spec.limit,
+            slices.iter().map(|s| s.as_ref()),
+            claims.iter().map(|c| c.as_ref()),
+        );
+        let now = Timestamp::now();
+        let created = request.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        if let Reply::WaitForSlices(delay) = when_to_reply(&answer, created, now) {
+            debug!(
+                driver = %spec.driver,
+                retry_in_ms = delay.as_millis() as u64,
+                "a returned pool is incomplete; waiting for its driver to publish the rest"
+            );
+            return Ok(Some(delay));
+        }
+        let mut answered = (*request).clone();
+        answered.status = Some(status_of(&answer, now));
+        let params = PostParams {
+            field_manager: Some(CONTROLLER_NAME.to_string()),
+            ..PostParams::default()
+        };
+        let written = self.api.replace_status(name, &params, &answered).await;
+        self.metrics.processed(
+            &spec.driver,
+            started.elapsed().as_secs_f64(),
+            written.is_err(),
+        );
+        written.map_err(kube_err(format_args!(
+            "writing the status of ResourcePoolStatusRequest {name}"
+        )))?;
+        info!(
+            driver = %spec.driver,
+            pool_count = answer.pool_count,
+            pools = answer.pools.len(),
+            incomplete = answer.has_incomplete_pool(),
+            "answered"
+        );
+        Ok(None)
+    }
+
+    /// Deletes the requests whose time is up; then waits 10 minutes.
+    async fn clean_up(&self) -> Result<Option<Duration>, SyncError> {
+        let now = Timestamp::now();
+        let mut deleted = 0;
+        for request in self.requests.list() {
+            let created = request.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            if !should_delete(created, answered_at(request.status.as_ref()), now) {
+                continue;
+            }
+            let name = request.metadata.name.clone().unwrap_or_default();
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: request.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match self.api.delete(&name, &params).await {
+                Ok(_) => {
+                    deleted += 1;
+                    debug!(request = %name, "deleted an expired request");
+                }
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(error) => {
+                    let error = SyncError::kube(
+                        format_args!("deleting expired ResourcePoolStatusRequest {name}"),
+                        error,
+                    );
+                    // No answer at all: wait for the API server, then
+                    // start over; anything else waits for the next round.
+                    if matches!(error, SyncError::Unreachable { .. }) {
+                        return Err(error);
+                    }
+                    warn!(request = %name, error = %error, "deleting an expired request failed; the next clean-up tries again");
+                }
+            }
+        }
+        if deleted > 0 {
+            info!(deleted, "expired ResourcePoolStatusRequests deleted");
+        }
+        Ok(Some(CLEANUP_EVERY))
+    }
+}
+
+/// The status written: the answer and its `Complete` condition.
+fn status_of(answer: &Answer, now: Timestamp) -> ResourcePoolStatusRequestStatus {
+    let pools: Vec<PoolStatus> = answer.pools.iter().map(pool_status).collect();
+    ResourcePoolStatusRequestStatus {
+        pool_count: answer.pool_count,
+        pools: (!pools.is_empty()).then_some(pools),
+        conditions: Some(vec![Condition {
+            type_: "Complete".into(),
+            status: "True".into(),
+            reason: COMPLETE_REASON.into(),
+            message: answer.message.clone(),
+            // The API keeps whole seconds, cut as Kubernetes cuts them.
+            last_transition_time: Time(Timestamp::from_second(now.as_second()).unwrap_or(now)),
+            observed_generation: None,
+        }]),
+    }
+}
+
+fn pool_status(pool: &PoolAnswer) -> PoolStatus {
+    PoolStatus {
+        driver: pool.driver.clone(),
+        pool_name: pool.pool_name.clone(),
+        generation: pool.generation,
+        node_name: pool.node_name.clone(),
+        resource_slice_count: pool.resource_slice_count,
+        total_devices: pool.total_devices,
+        allocated_devices: pool.allocated_devices,
+        available_devices: pool.available_devices,
+        unavailable_devices: pool.unavailable_devices,
+        validation_error: pool.validation_error.clone(),
+        ..PoolStatus::default()
+    }
+}
+
+impl Handler<ResourcePoolStatusRequest> for Controller {
+    fn relisted(&self, requests: Vec<ResourcePoolStatusRequest>) {
+        let entries = requests
+            .into_iter()
+            .filter_map(|r| Some((r.metadata.name.clone()?, Arc::new(r))))
+            .collect();
+        self.requests.replace(entries);
+        if self.is_leading() {
+            self.queue_pending();
+        }
+        self.watch.mark_synced();
+    }
+
+    fn applied(&self, request: ResourcePoolStatusRequest) {
+        let Some(name) = request.metadata.name.clone() else {
+            return;
+        };
+        let pending = request.status.is_none();
+        self.requests.apply(name.clone(), Arc::new(request));
+        if pending && self.is_leading() {
+            self.queue.add(Item::Request(name));
+        }
+    }
+
+    fn deleted(&self, request: ResourcePoolStatusRequest) {
+        if let Some(name) = &request.metadata.name {
+            self.requests.delete(name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The status as upstream's `TestSyncRequest` expects it written: one
+    /// `Complete` condition with the reason and message, the counts, no
+    /// pools when none matched.
+    #[test]
+    fn status_carries_the_answer_and_its_condition() {
+        let now: Timestamp = "2026-01-01T12:00:00.700Z".parse().unwrap();
+        let answer = Answer {
+            pool_count: 2,
+            pools: vec![PoolAnswer {
+                driver: "d.example.com".into(),
+                pool_name: "p".into(),
+                total_devices: Some(4),
+                ..PoolAnswer::default()
+            }],
+            message: "Calculated status for 1 pools".into(),
+        };
+        let status = serde_json::to_value(status_of(&answer, now)).unwrap();
+        assert_eq!(
+            status,
+            serde_json::json!({
+                "poolCount": 2,
+                "pools": [{"driver": "d.example.com", "poolName": "p", "generation": 0, "totalDevices": 4}],
+                "conditions": [{"type": "Complete", "status": "True", "reason": "CalculationComplete",
+                    "message": "Calculated status for 1 pools",
+                    "lastTransitionTime": "2026-01-01T12:00:00Z"}]
+            })
+        );
+        let empty = serde_json::to_value(status_of(&Answer::default(), now)).unwrap();
+        assert!(empty.get("pools").is_none(), "{empty}");
+        assert_eq!(empty["poolCount"], 0);
+    }
+}
