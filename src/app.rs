@@ -290,15 +290,19 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let pool_status_requests =
         if args.controllers.resource_pool_status_request && gates.resource_pool_status {
+            // 1.37 counts devices tainted by rules as unavailable.
             device_watches.read(Kinds {
                 slices: true,
+                rules: gates.release.is_1_37() && gates.device_taint_rules_on(),
                 ..Kinds::default()
             });
             let requests = PoolStatusRequests::new(
                 client.clone(),
+                gates.release,
                 PoolStatusRequestStores {
                     slices: device_watches.stores().slices.clone(),
                     claims: controller.caches().claims.clone(),
+                    rules: device_watches.stores().rules.clone(),
                 },
                 &registry,
                 controller.reachability().clone(),

@@ -289,6 +289,80 @@ async fn pool_status_requests_answered_once_with_the_reference_counts() {
     t.finish();
 }
 
+/// Acting as 1.37 (`--reference-release=1.37`), the counting is 1.37's:
+/// a device two claims share counts once, and devices tainted `NoSchedule`
+/// by their slice or `NoExecute` by a DeviceTaintRule are unavailable
+/// (a `None` rule changes nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_status_requests_counted_as_1_37_when_acting_as_1_37() {
+    const NAME: &str = "pool_status_requests_counted_as_1_37_when_acting_as_1_37";
+    let opts = ControllerOpts {
+        feature_gates: gates(),
+        extra_args: vec!["--reference-release=1.37".into()],
+        ..ControllerOpts::default()
+    };
+    let mut apiserver = apiserver();
+    let rules = crate::device_taints::rules_apiserver();
+    apiserver.feature_gates.extend(rules.feature_gates);
+    apiserver.runtime_config.extend(rules.runtime_config);
+    let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &apiserver).await else {
+        return;
+    };
+    if !crate::podgroups::start_with_gate_rbac(&mut t, NAME, &gates()).await {
+        return;
+    }
+    let pool = "pool-137";
+    let devices = json!([
+        {"name": "d0"}, {"name": "d1"},
+        {"name": "d2", "taints": [{"key": "k", "effect": "NoSchedule"}]},
+        {"name": "d3"}, {"name": "d4"},
+    ]);
+    let slice = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": pool},
+        "spec": {"driver": crate::device_taints::DRIVER, "nodeName": NODE,
+                 "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                 "devices": devices},
+    });
+    Api::<ResourceSlice>::all(t.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(slice).unwrap(),
+        )
+        .await
+        .expect("create slice");
+    let driver = crate::device_taints::DRIVER;
+    allocated(&t, "shares-d0", (driver, pool), "d0").await;
+    allocated(&t, "also-d0", (driver, pool), "d0").await;
+    let one = |d: &str| json!({"driver": driver, "pool": pool, "device": d});
+    crate::device_taints::create_rule(&t, "drain-d3", "NoExecute", one("d3")).await;
+    crate::device_taints::create_rule(&t, "preview-d4", "None", one("d4")).await;
+
+    // The rules reach the controller through its watch: ask once it has
+    // written their status.
+    wait_for("the rules seen", TIMEOUT, async || {
+        crate::device_taints::rule_condition(&t, "preview-d4").await?;
+        Ok(())
+    })
+    .await;
+    ask(&t, "as-1-37", json!({"driver": driver})).await;
+    assert_eq!(
+        wait_answered(&t, "as-1-37").await,
+        json!({"poolCount": 1, "pools": [{"driver": driver, "poolName": pool, "generation": 1,
+            "nodeName": NODE, "resourceSliceCount": 1, "totalDevices": 5, "allocatedDevices": 1,
+            "availableDevices": 2, "unavailableDevices": 2}],
+            "conditions": complete("Calculated status for 1 pools")})
+    );
+    // Two claims on one device is a double allocation the test's end
+    // check rightly refuses: the second goes.
+    t.claims()
+        .delete("also-d0", &Default::default())
+        .await
+        .expect("delete claim also-d0");
+    t.wait_claim_gone("also-d0").await;
+    t.finish();
+}
+
 /// The same requests answered by kube-controller-manager 1.36's
 /// controller: the same four answers; the two requests whose pool was
 /// incomplete when they came stay unanswered (it drops them after six

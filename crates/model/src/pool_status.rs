@@ -4,10 +4,14 @@
 //! or forgotten request is cleaned up: pure functions of the slices and
 //! claims held in memory and the clock.
 //!
-//! 1.36's counting, kept for a drop-in: every allocation result counts
-//! (admin access and shared devices included, nothing de-duplicated),
-//! taints make nothing unavailable, a pool whose newest generation lacks
-//! slices is reported with a validation error and no counts.
+//! The counting of the release acted as ([`Counting`]). 1.36: every
+//! allocation result counts (admin access and shared devices included,
+//! nothing de-duplicated), taints make nothing unavailable. 1.37: each
+//! allocated device counts once, admin access not at all, and a device
+//! tainted `NoSchedule` or `NoExecute` (by its slice or a DeviceTaintRule)
+//! is unavailable. In both, a pool whose newest generation lacks slices is
+//! reported with a validation error and no counts (1.37 prefixes it
+//! `PoolIncomplete:`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,7 +19,27 @@ use std::time::Duration;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use crate::device_taints::TaintRule;
 use crate::views::ClaimView;
+
+/// How devices are counted: as kube-controller-manager 1.36 or 1.37 counts.
+#[derive(Clone, Copy, Debug)]
+pub enum Counting<'a> {
+    V1_36,
+    /// With the DeviceTaintRules in force (none while `DRADeviceTaintRules`
+    /// is off).
+    V1_37 {
+        rules: &'a [TaintRule],
+    },
+}
+
+/// 1.37's prefix of an incomplete pool's `validationError`.
+const INCOMPLETE_PREFIX: &str = "PoolIncomplete:";
+
+/// Whether a taint effect keeps a device from being allocated.
+fn blocks(effect: &str) -> bool {
+    effect == "NoSchedule" || effect == "NoExecute"
+}
 
 /// `spec.limit` when unset (the API server defaults it too).
 pub const DEFAULT_LIMIT: i32 = 100;
@@ -81,6 +105,8 @@ pub struct PoolAnswer {
     pub available_devices: Option<i32>,
     pub unavailable_devices: Option<i32>,
     pub validation_error: Option<String>,
+    /// The newest generation lacks slices (what a request may wait for).
+    pub incomplete: bool,
 }
 
 /// The whole answer: every matching pool counted, the first `limit`
@@ -97,7 +123,7 @@ impl Answer {
     /// Whether a returned pool is incomplete: kube-controller-manager then
     /// writes nothing and tries again later.
     pub fn has_incomplete_pool(&self) -> bool {
-        self.pools.iter().any(|p| p.validation_error.is_some())
+        self.pools.iter().any(|p| p.incomplete)
     }
 }
 
@@ -107,6 +133,8 @@ struct Pool {
     slices: i64,
     expected: i64,
     devices: i64,
+    /// Not allocatable for a taint (1.37's counting only).
+    unavailable: i64,
     node: Option<String>,
     mixed_nodes: bool,
 }
@@ -122,15 +150,27 @@ fn truncate_bytes(mut s: String, max: usize) -> String {
     s
 }
 
-/// The answer to a request for `driver` (and `pool_name`, when given),
-/// at most `limit` pools (`None`: [`DEFAULT_LIMIT`]).
+/// What a request asks: `driver`, one pool (when given), at most `limit`
+/// pools (`None`: [`DEFAULT_LIMIT`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Question<'a> {
+    pub driver: &'a str,
+    pub pool_name: Option<&'a str>,
+    pub limit: Option<i32>,
+}
+
+/// The answer to `question`, counted as `counting` says.
 pub fn answer<'a>(
-    driver: &str,
-    pool_name: Option<&str>,
-    limit: Option<i32>,
+    question: Question<'_>,
+    counting: Counting<'_>,
     slices: impl IntoIterator<Item = &'a ResourceSlice> + Clone,
     claims: impl IntoIterator<Item = &'a ClaimView>,
 ) -> Answer {
+    let Question {
+        driver,
+        pool_name,
+        limit,
+    } = question;
     let wanted = |s: &ResourceSlice| {
         s.spec.driver == driver && pool_name.is_none_or(|p| p == s.spec.pool.name)
     };
@@ -153,20 +193,38 @@ pub fn answer<'a>(
             pool.mixed_nodes = true;
         }
         pool.slices += 1;
-        pool.devices += s.devices.as_ref().map_or(0, |d| d.len()) as i64;
+        let devices = s.devices.as_deref().unwrap_or_default();
+        pool.devices += devices.len() as i64;
+        if let Counting::V1_37 { rules } = counting {
+            let tainted = |device: &k8s_openapi::api::resource::v1::Device| {
+                device.taints.iter().flatten().any(|t| blocks(&t.effect))
+                    || rules.iter().any(|r| {
+                        blocks(&r.taint.effect) && r.selects(driver, &s.pool.name, &device.name)
+                    })
+            };
+            pool.unavailable += devices.iter().filter(|d| tainted(d)).count() as i64;
+        }
     }
+    let results = claims
+        .into_iter()
+        .flat_map(|c| c.status.allocation.iter().flat_map(|a| &a.devices.results))
+        .filter(|r| r.driver == driver);
     let mut allocated: BTreeMap<&str, i64> = BTreeMap::new();
-    let claims: Vec<&ClaimView> = claims.into_iter().collect();
-    for claim in &claims {
-        for r in claim
-            .status
-            .allocation
-            .iter()
-            .flat_map(|a| &a.devices.results)
-        {
-            if r.driver == driver {
+    match counting {
+        Counting::V1_36 => {
+            for r in results {
                 *allocated.entry(r.pool.as_str()).or_default() += 1;
             }
+        }
+        Counting::V1_37 { .. } => {
+            let mut devices: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+            for r in results.filter(|r| r.admin_access != Some(true)) {
+                devices
+                    .entry(r.pool.as_str())
+                    .or_default()
+                    .insert(r.device.as_str());
+            }
+            allocated.extend(devices.into_iter().map(|(p, d)| (p, d.len() as i64)));
         }
     }
     let count = |n: i64| i32::try_from(n).unwrap_or(i32::MAX);
@@ -175,15 +233,19 @@ pub fn answer<'a>(
         .map(|(name, pool)| {
             let node_name = pool.node.filter(|n| !n.is_empty() && !pool.mixed_nodes);
             if pool.slices < pool.expected {
-                let error = format!(
+                let mut error = format!(
                     "pool {driver}/{name} is incomplete: observed {}/{} slices at generation {}",
                     pool.slices, pool.expected, pool.generation
                 );
+                if let Counting::V1_37 { .. } = counting {
+                    error = format!("{INCOMPLETE_PREFIX} {error}");
+                }
                 return PoolAnswer {
                     driver: driver.to_string(),
                     generation: pool.generation,
                     node_name,
                     validation_error: Some(truncate_bytes(error, MAX_VALIDATION_ERROR)),
+                    incomplete: true,
                     pool_name: name,
                     ..Default::default()
                 };
@@ -196,9 +258,12 @@ pub fn answer<'a>(
                 resource_slice_count: Some(count(pool.slices)),
                 total_devices: Some(count(pool.devices)),
                 allocated_devices: Some(count(taken)),
-                available_devices: Some(count((pool.devices - taken).max(0))),
-                unavailable_devices: Some(0),
+                // 1.37 subtracts a device both allocated and tainted twice,
+                // as written.
+                available_devices: Some(count((pool.devices - taken - pool.unavailable).max(0))),
+                unavailable_devices: Some(count(pool.unavailable)),
                 validation_error: None,
+                incomplete: false,
                 pool_name: name,
             }
         })

@@ -1,6 +1,7 @@
 //! The answer table: rows carry the names of kube-controller-manager
 //! 1.36's `TestCalculatePoolStatus`, `TestIsOlderThan` and
-//! `TestShouldDeleteRequest` cases, with the same set-up and outcome.
+//! `TestShouldDeleteRequest` cases, and 1.37's `TestCalculatePoolStatus_*`
+//! additions, with the same set-up and outcome.
 
 use super::*;
 use serde_json::json;
@@ -39,6 +40,22 @@ fn allocated(pool: &str, devices: &[&str]) -> ClaimView {
             "request": "r", "driver": DRIVER, "pool": pool, "device": d})).collect::<Vec<_>>()}}},
     }))
     .unwrap()
+}
+
+/// The answer as 1.36 counts.
+fn answer_136(
+    driver: &str,
+    pool_name: Option<&str>,
+    limit: Option<i32>,
+    slices: &[ResourceSlice],
+    claims: &[ClaimView],
+) -> Answer {
+    let question = Question {
+        driver,
+        pool_name,
+        limit,
+    };
+    answer(question, Counting::V1_36, slices, claims)
 }
 
 struct Row {
@@ -169,7 +186,7 @@ fn calculate_pool_status() {
         ),
     ];
     for r in rows {
-        let got = answer(DRIVER, r.pool_name, r.limit, &r.slices, &r.claims);
+        let got = answer_136(DRIVER, r.pool_name, r.limit, &r.slices, &r.claims);
         let total: i32 = got.pools.iter().filter_map(|p| p.total_devices).sum();
         assert_eq!(
             (got.pools.len(), got.pool_count, total),
@@ -189,7 +206,7 @@ fn calculate_pool_status() {
 fn allocations_incomplete_pools_and_node_names() {
     let n1 = Some("node-1");
     // single-pool-with-allocations: counted per result.
-    let got = answer(
+    let got = answer_136(
         DRIVER,
         None,
         None,
@@ -211,7 +228,7 @@ fn allocations_incomplete_pools_and_node_names() {
     assert_eq!(got.message, "Calculated status for 1 pools");
 
     // incomplete-pool-has-validation-error: no counts, upstream's words.
-    let got = answer(
+    let got = answer_136(
         DRIVER,
         None,
         None,
@@ -233,7 +250,7 @@ fn allocations_incomplete_pools_and_node_names() {
     // same-node-pool-sets-nodename, mixed-node-pool-clears-nodename,
     // nil-nodename-slices-no-nodename.
     let node_of = |slices: &[ResourceSlice]| {
-        answer(DRIVER, None, None, slices, &[]).pools[0]
+        answer_136(DRIVER, None, None, slices, &[]).pools[0]
             .node_name
             .clone()
     };
@@ -298,14 +315,14 @@ fn an_incomplete_pool_waits_for_its_slices_then_is_answered() {
     let now: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
     let ago = |secs: i64| Some(now.checked_sub(SignedDuration::from_secs(secs)).unwrap());
     let n1 = Some("node-1");
-    let complete = answer(
+    let complete = answer_136(
         DRIVER,
         None,
         None,
         &[slice("s1", DRIVER, "pool-1", 1, 1, 4, n1)],
         &[],
     );
-    let incomplete = answer(
+    let incomplete = answer_136(
         DRIVER,
         None,
         None,
@@ -313,7 +330,7 @@ fn an_incomplete_pool_waits_for_its_slices_then_is_answered() {
         &[],
     );
     // An incomplete pool past `limit` is not returned: nothing to wait for.
-    let beyond_limit = answer(
+    let beyond_limit = answer_136(
         DRIVER,
         None,
         Some(1),
@@ -384,4 +401,157 @@ fn answered_at_is_the_first_complete_or_failed_condition() {
         serde_json::from_value(json!({"poolCount": 0})).unwrap();
     assert_eq!(answered_at(Some(&bare)), Some(None));
     assert_eq!(answered_at(None), None);
+}
+
+/// A slice of `pool-1` with five devices, `d0`..`d4`, some tainted.
+fn tainted_slice(taints: &[(&str, &str)]) -> ResourceSlice {
+    let devices: Vec<serde_json::Value> = (0..5)
+        .map(|i| {
+            let name = format!("d{i}");
+            let taints: Vec<serde_json::Value> = taints
+                .iter()
+                .filter(|(d, _)| *d == name)
+                .map(|(_, effect)| json!({"key": "k", "effect": effect}))
+                .collect();
+            json!({"name": name, "taints": taints})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": "s1"},
+        "spec": {"driver": DRIVER, "nodeName": "node-1",
+                 "pool": {"name": "pool-1", "generation": 1, "resourceSliceCount": 1},
+                 "devices": devices},
+    }))
+    .unwrap()
+}
+
+fn claim_with(results: serde_json::Value) -> ClaimView {
+    serde_json::from_value(json!({
+        "metadata": {"name": "c", "namespace": "ns"},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }))
+    .unwrap()
+}
+
+fn rule(effect: &str, device: &str) -> TaintRule {
+    let rule: k8s_openapi::api::resource::v1::DeviceTaintRule = serde_json::from_value(json!({
+        "metadata": {"name": "r"},
+        "spec": {"deviceSelector": {"driver": DRIVER, "pool": "pool-1", "device": device},
+                 "taint": {"key": "k", "effect": effect}},
+    }))
+    .unwrap();
+    TaintRule::from_v1(&rule)
+}
+
+/// 1.37's additions: (allocated, available, unavailable) of pool-1.
+#[test]
+fn calculate_pool_status_as_1_37_counts() {
+    let one = |taints: &[(&str, &str)], claims: &[ClaimView], rules: &[TaintRule]| {
+        let question = Question {
+            driver: DRIVER,
+            pool_name: None,
+            limit: None,
+        };
+        let slices = [tainted_slice(taints)];
+        let got = answer(question, Counting::V1_37 { rules }, &slices, claims);
+        let p = &got.pools[0];
+        (
+            p.allocated_devices.unwrap(),
+            p.available_devices.unwrap(),
+            p.unavailable_devices.unwrap(),
+        )
+    };
+    let on = |d: &str| json!({"request": "r", "driver": DRIVER, "pool": "pool-1", "device": d});
+    let admin = |d: &str| json!({"request": "r", "driver": DRIVER, "pool": "pool-1", "device": d, "adminAccess": true});
+    /// (allocated, available, unavailable)
+    type Counts = (i32, i32, i32);
+    let rows: [(&str, Counts, Counts); 6] = [
+        (
+            "CapAtOnePerDevice: three claims on d0",
+            one(
+                &[],
+                &[
+                    claim_with(json!([on("d0")])),
+                    claim_with(json!([on("d0")])),
+                    claim_with(json!([on("d0")])),
+                ],
+                &[],
+            ),
+            (1, 4, 0),
+        ),
+        (
+            "SkipAdminAccess",
+            one(
+                &[],
+                &[
+                    claim_with(json!([on("d0")])),
+                    claim_with(json!([admin("d1")])),
+                ],
+                &[],
+            ),
+            (1, 4, 0),
+        ),
+        (
+            "UnavailableFromTaints/NoSchedule",
+            one(&[("d0", "NoSchedule"), ("d1", "NoSchedule")], &[], &[]),
+            (0, 3, 2),
+        ),
+        (
+            "UnavailableFromTaints/NoExecute, one device tainted twice",
+            one(
+                &[
+                    ("d0", "NoExecute"),
+                    ("d0", "NoSchedule"),
+                    ("d1", "NoExecute"),
+                ],
+                &[],
+                &[],
+            ),
+            (0, 3, 2),
+        ),
+        (
+            "NoneTaintIsAvailable",
+            one(&[("d0", "None")], &[], &[]),
+            (0, 5, 0),
+        ),
+        (
+            "UnavailableFromTaintRule (a None rule does nothing)",
+            one(&[], &[], &[rule("NoExecute", "d3"), rule("None", "d4")]),
+            (0, 4, 1),
+        ),
+    ];
+    for (name, got, want) in rows {
+        assert_eq!(got, want, "{name}");
+    }
+    // gate-disabled: no rules in force.
+    assert_eq!(one(&[], &[], &[]), (0, 5, 0));
+    // Allocated and tainted: subtracted twice, as 1.37 does.
+    assert_eq!(
+        one(
+            &[("d0", "NoSchedule")],
+            &[claim_with(json!([on("d0")]))],
+            &[]
+        ),
+        (1, 3, 1)
+    );
+}
+
+/// 1.37's incomplete pool: the `PoolIncomplete:` prefix.
+#[test]
+fn incomplete_pool_is_prefixed_as_1_37_writes_it() {
+    let question = Question {
+        driver: DRIVER,
+        pool_name: None,
+        limit: None,
+    };
+    let slices = [slice("s1", DRIVER, "pool-1", 3, 5, 4, Some("node-1"))];
+    let got = answer(question, Counting::V1_37 { rules: &[] }, &slices, &[]);
+    assert_eq!(
+        got.pools[0].validation_error.as_deref(),
+        Some(
+            "PoolIncomplete: pool test.example.com/pool-1 is incomplete: observed 1/5 slices at generation 3"
+        )
+    );
+    assert!(got.has_incomplete_pool());
+    assert_eq!(got.message, "Calculated status for 1 pools (1 incomplete)");
 }

@@ -6,6 +6,11 @@
 //! hour after their condition, forgotten ones a day after their creation,
 //! every 10 minutes, each with a UID precondition.
 //!
+//! The counting is that of the release acted as (1.37 counts each device
+//! once, skips admin access, and counts tainted devices unavailable); the
+//! summaries 1.37 adds for partitionable and shareable devices are not
+//! written.
+//!
 //! Beyond upstream: a request whose answer holds an incomplete pool waits
 //! up to 30 s for the driver to publish the rest, then is answered with the
 //! pool's `validationError` (upstream drops such requests unanswered).
@@ -27,8 +32,11 @@ use kube::api::{DeleteParams, PostParams, Preconditions};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::request_metrics::RequestMetrics;
+use crate::model::device_taints::rules_of;
+use crate::model::features::Release;
 use crate::model::pool_status::{
-    Answer, COMPLETE_REASON, PoolAnswer, Reply, answer, answered_at, should_delete, when_to_reply,
+    Answer, COMPLETE_REASON, Counting, PoolAnswer, Question, Reply, answer, answered_at,
+    should_delete, when_to_reply,
 };
 use crate::model::views::ClaimView;
 use crate::runtime::error::{SyncError, kube_err};
@@ -62,9 +70,13 @@ pub(crate) enum Item {
 pub struct Stores {
     pub slices: Arc<Store<k8s_openapi::api::resource::v1::ResourceSlice>>,
     pub claims: Arc<Store<ClaimView>>,
+    /// DeviceTaintRules (empty while `DRADeviceTaintRules` is off).
+    pub rules: Arc<Store<k8s_openapi::api::resource::v1::DeviceTaintRule>>,
 }
 
 pub struct Controller {
+    /// Whose counting: 1.37 counts each device once and taints.
+    release: Release,
     api: Api<ResourcePoolStatusRequest>,
     requests: Store<ResourcePoolStatusRequest>,
     watch: Informer,
@@ -78,11 +90,13 @@ pub struct Controller {
 impl Controller {
     pub fn new(
         client: kube::Client,
+        release: Release,
         stores: Stores,
         registry: &prometheus::Registry,
         reachability: Arc<Reachability>,
     ) -> anyhow::Result<Arc<Self>> {
         Ok(Arc::new(Controller {
+            release,
             api: Api::all(client),
             requests: Store::new(Vec::new()),
             watch: Informer::new(PLURAL),
@@ -199,10 +213,22 @@ impl Controller {
         let spec = &request.spec;
         let slices = self.stores.slices.list();
         let claims = self.stores.claims.list();
+        let question = Question {
+            driver: &spec.driver,
+            pool_name: spec.pool_name.as_deref(),
+            limit: spec.limit,
+        };
+        let rules = match self.release {
+            Release::V1_36 => Vec::new(),
+            Release::V1_37 => rules_of(&self.stores.rules.list()),
+        };
+        let counting = match self.release {
+            Release::V1_36 => Counting::V1_36,
+            Release::V1_37 => Counting::V1_37 { rules: &rules },
+        };
         let answer = answer(
-            &spec.driver,
-            spec.pool_name.as_deref(),
-            spec.limit,
+            question,
+            counting,
             slices.iter().map(|s| s.as_ref()),
             claims.iter().map(|c| c.as_ref()),
         );
