@@ -19,6 +19,13 @@
 //! (see `real_node.rs`).
 //! Device-taint eviction, ours paced and unpaced against the reference's:
 //! `cargo bench --bench lifecycle -- --device-taints` (see `device_taints.rs`).
+//! A cluster's worth of nodes with devices (`--fill-nodes`, one ResourceSlice
+//! each) and every DRA controller on both sides:
+//! `--fill-nodes 5000 --ours-arg=--controllers=*,headroom --reference-controllers
+//! resourceclaim-controller,device-taint-eviction-controller,resourcepoolstatusrequest-controller`,
+//! with `--apiserver-runtime-config`, `--apiserver-feature-gates`,
+//! `--reference-feature-gates` and `--ours-arg=--feature-gates=…` for the
+//! alpha APIs they need.
 //! (`--help` lists the flags). On a busy machine add `--rounds 2`: the
 //! controllers then alternate in turn and the table shows medians.
 //! Nothing here asserts on time: it measures and reports.
@@ -52,7 +59,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use serde::Serialize;
 
-use cluster::{Binaries, Cluster};
+use cluster::{ApiserverOptions, Binaries, Cluster};
 use report::{Output, RunResult, Snapshot};
 use tracker::{State, Tracker};
 use under_test::{Kind, UnderTest};
@@ -70,6 +77,14 @@ pub struct Args {
     /// Pods without claims created before the controller starts.
     #[arg(long, default_value_t = 0)]
     pub fill_pods: usize,
+    /// Ready Nodes created before the controller starts (`fill-node-00000`,
+    /// …), each with one node-local ResourceSlice: the slices and nodes a
+    /// cluster of that size makes the DRA controllers list and cache.
+    #[arg(long, default_value_t = 0)]
+    pub fill_nodes: usize,
+    /// Devices in the ResourceSlice of each `--fill-nodes` node.
+    #[arg(long, default_value_t = 8)]
+    pub fill_devices_per_node: usize,
     /// Pod creations per second (0 = as fast as the concurrency allows).
     #[arg(long, default_value_t = 0.0)]
     pub rate: f64,
@@ -87,10 +102,28 @@ pub struct Args {
     #[arg(long, default_value_t = 50)]
     pub concurrent_syncs: u32,
     /// A further flag for our controller, repeatable (e.g.
-    /// `--ours-arg=--controllers=resourceclaim,headroom`; with headroom the
-    /// chart's CRD is applied first).
+    /// `--ours-arg=--controllers=*,headroom`; with headroom the chart's CRD
+    /// is applied first). `--feature-gates` values add to the bench's DRA
+    /// gates; a gate named here wins.
     #[arg(long = "ours-arg", allow_hyphen_values = true)]
     pub ours_args: Vec<String>,
+    /// `--controllers` of the reference kube-controller-manager, in its
+    /// names (e.g. `resourceclaim-controller,device-taint-eviction-controller,
+    /// resourcepoolstatusrequest-controller`).
+    #[arg(long, default_value = "resourceclaim-controller")]
+    pub reference_controllers: String,
+    /// `--feature-gates` of the reference (e.g. `DRAResourcePoolStatus=true`);
+    /// empty: its defaults.
+    #[arg(long, default_value = "")]
+    pub reference_feature_gates: String,
+    /// Added to the API server's `--runtime-config`, comma separated (e.g.
+    /// `resource.k8s.io/v1alpha3=true`, which serves ResourcePoolStatusRequests).
+    #[arg(long, value_delimiter = ',')]
+    pub apiserver_runtime_config: Vec<String>,
+    /// Added to the API server's `--feature-gates`, comma separated (e.g.
+    /// `DRAResourcePoolStatus=true`).
+    #[arg(long, value_delimiter = ',')]
+    pub apiserver_feature_gates: Vec<String>,
     /// Controllers to run, in this order.
     #[arg(long, value_delimiter = ',', default_value = "ours,reference")]
     pub controllers: Vec<Kind>,
@@ -131,6 +164,15 @@ impl Args {
         let requests = (self.pods * (self.claims() + 1)) as f64;
         let paced = requests / f64::from(self.kube_api_qps.max(1));
         Duration::from_secs_f64(120.0 + 3.0 * paced + 0.2 * self.pods as f64)
+    }
+
+    /// The API server of a run, serving what `--apiserver-*` ask for.
+    pub fn apiserver(&self) -> ApiserverOptions {
+        ApiserverOptions {
+            feature_gates: self.apiserver_feature_gates.clone(),
+            runtime_config: self.apiserver_runtime_config.clone(),
+            ..ApiserverOptions::default()
+        }
     }
 }
 
@@ -222,12 +264,15 @@ async fn run_one(
     output: &Output,
     round: usize,
 ) -> anyhow::Result<RunResult> {
-    let cluster = Cluster::start(bins).await?;
+    let cluster = Cluster::start_with(bins, &args.apiserver()).await?;
     let client = cluster.admin_client().await?;
     load::prepare(&client, args).await?;
     if args.ours_args.iter().any(|a| a.contains("headroom")) {
         let crd = helm::chart_dir().join("crds/nodescalingwatermarks.yaml");
         helm::apply_rendered(&client, &std::fs::read_to_string(crd)?).await?;
+    }
+    if args.fill_nodes > 0 {
+        load::fill_nodes(&client, args).await?;
     }
     if args.fill_pods > 0 {
         load::fill(&client, args).await?;

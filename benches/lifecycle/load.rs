@@ -1,12 +1,13 @@
 //! The objects of the load and the bench client's concurrent API calls:
-//! namespace and template, pre-fill pods, load pods, their end and deletion.
+//! namespace and template, pre-fill nodes and pods, load pods, their end
+//! and deletion.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -111,6 +112,65 @@ pub async fn fill(client: &kube::Client, args: &Args) -> anyhow::Result<()> {
     );
     anyhow::ensure!(calls.failed == 0, "{} fill pods not created", calls.failed);
     Ok(())
+}
+
+/// The driver of the `--fill-nodes` slices: no DeviceClass selects it, so
+/// the load's claims never compete for these devices.
+pub const FILL_DRIVER: &str = "fill.example.com";
+
+/// Pre-fill of nodes: for each a Ready Node (allocatable cpu, memory,
+/// pods) and one node-local ResourceSlice, its pool named after the node,
+/// with `--fill-devices-per-node` devices; as fast as the concurrency allows.
+pub async fn fill_nodes(client: &kube::Client, args: &Args) -> anyhow::Result<()> {
+    let names = names("fill-node", args.fill_nodes);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let devices: Vec<Value> = (0..args.fill_devices_per_node)
+        .map(|d| json!({"name": format!("dev-{d}")}))
+        .collect();
+    let (nodes, slices, devices) = (&nodes, &slices, &devices);
+    let calls = drive(&names, args.concurrency, 0.0, |name| async move {
+        let node = json!({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}});
+        create_or_found(nodes, node).await?;
+        // Status and taints are only the kubelet's and the node lifecycle
+        // controller's to set: Ready, with room, and no not-ready taint.
+        dra_e2e::nodes::report_ready(client, &name).await?;
+        let slice = json!({
+            "metadata": {"name": name},
+            "spec": {
+                "driver": FILL_DRIVER,
+                "nodeName": name,
+                "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+                "devices": devices,
+            },
+        });
+        create_or_found(slices, slice).await
+    })
+    .await;
+    let secs = (calls.finished - calls.started).as_secs_f64();
+    eprintln!(
+        "bench: filled {} nodes with a slice of {} devices each in {secs:.1}s ({:.0} nodes/s), {} failed",
+        names.len(),
+        args.fill_devices_per_node,
+        names.len() as f64 / secs.max(1e-9),
+        calls.failed
+    );
+    anyhow::ensure!(calls.failed == 0, "{} fill nodes not created", calls.failed);
+    Ok(())
+}
+
+/// Creates `object`; a retried create may find its own earlier attempt.
+async fn create_or_found<K>(api: &Api<K>, object: Value) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    match api
+        .create(&PostParams::default(), &serde_json::from_value(object)?)
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        other => Ok(other.map(drop)?),
+    }
 }
 
 /// Creates the load pods at `--rate` with `--concurrency`, marking each

@@ -548,10 +548,12 @@ fn cell(value: Option<f64>, decimals: usize) -> String {
 pub fn print_table(args: &Args, runs: &[RunResult]) {
     println!();
     println!(
-        "lifecycle: {} pods × {} claim(s), fill {}, QPS {} burst {}, workers {}, rate {}, concurrency {}",
+        "lifecycle: {} pods × {} claim(s), fill {} pods + {} nodes with a slice of {} devices each, QPS {} burst {}, workers {}, rate {}, concurrency {}",
         args.pods,
         args.claims(),
         args.fill_pods,
+        args.fill_nodes,
+        args.fill_devices_per_node,
         args.kube_api_qps,
         args.kube_api_burst,
         args.concurrent_syncs,

@@ -267,7 +267,7 @@ async fn run_one(
     qps: u32,
 ) -> anyhow::Result<ScaleRun> {
     let s = &args.scale;
-    let cluster = Cluster::start(bins).await?;
+    let cluster = Cluster::start_with(bins, &args.apiserver()).await?;
     let client = cluster.admin_client().await?;
     prepare(&client, s).await?;
     if s.hostile.on() {

@@ -1,6 +1,7 @@
 //! The controller under test as a separate process: this crate's binary
-//! (started by the e2e harness) or kube-controller-manager running only its
-//! resourceclaim-controller, both with the admin kubeconfig, the same QPS,
+//! (started by the e2e harness) or kube-controller-manager running the
+//! controllers of `--reference-controllers` (by default only its
+//! resourceclaim-controller), both with the admin kubeconfig, the same QPS,
 //! burst and worker count, and no leader election.
 
 // Signals and PR_SET_PDEATHSIG go through libc: the only unsafe code of the
@@ -15,7 +16,8 @@ use serde::Serialize;
 
 use crate::Args;
 use crate::cluster::{
-    Cluster, Controller, ControllerOpts, ControllerSpec, controller_binary, free_port,
+    ALL_CONTROLLER_GATES, Cluster, Controller, ControllerOpts, ControllerSpec, controller_binary,
+    free_port,
 };
 use crate::procs::Proc;
 use crate::rawhttp::metric_sum;
@@ -25,7 +27,8 @@ use crate::rawhttp::metric_sum;
 pub enum Kind {
     /// dra-claim-controller, this crate's binary.
     Ours,
-    /// kube-controller-manager --controllers=resourceclaim-controller.
+    /// kube-controller-manager with `--controllers` from
+    /// `--reference-controllers`.
     Reference,
 }
 
@@ -153,7 +156,12 @@ impl UnderTest {
 
 async fn start_ours(cluster: &Cluster, args: &Args) -> anyhow::Result<Controller> {
     let hostile = &args.scale.hostile;
+    let (gates, extra_args) = split_feature_gates(&args.ours_args);
     let opts = ControllerOpts {
+        feature_gates: std::iter::once(ALL_CONTROLLER_GATES.to_string())
+            .chain(gates)
+            .collect::<Vec<_>>()
+            .join(","),
         leader_elect: hostile.leader_elect,
         // The production timings, so that renewal gaps read as they would
         // in a cluster.
@@ -161,7 +169,7 @@ async fn start_ours(cluster: &Cluster, args: &Args) -> anyhow::Result<Controller
         qps: args.kube_api_qps,
         burst: args.kube_api_burst,
         concurrent_syncs: args.concurrent_syncs,
-        extra_args: args.ours_args.clone(),
+        extra_args,
         run_under: hostile.run_under(),
         ..ControllerOpts::default()
     };
@@ -206,10 +214,18 @@ async fn start_reference(binary: &Path, cluster: &Cluster, args: &Args) -> anyho
     }
 }
 
-/// Only the resourceclaim-controller, with the same budget as ours; the
-/// metrics and health paths need no authentication on loopback.
+/// The controllers of `--reference-controllers` with the same budget as
+/// ours; the metrics and health paths need no authentication on loopback.
 fn reference_flags(cluster: &Cluster, args: &Args, port: u16) -> Vec<String> {
     let mut flags = crate::reference::base_flags(cluster, port);
+    for flag in &mut flags {
+        if flag.starts_with("--controllers=") {
+            *flag = format!("--controllers={}", args.reference_controllers);
+        }
+    }
+    if !args.reference_feature_gates.is_empty() {
+        flags.push(format!("--feature-gates={}", args.reference_feature_gates));
+    }
     flags.extend([
         format!("--kube-api-qps={}", args.kube_api_qps),
         format!("--kube-api-burst={}", args.kube_api_burst),
@@ -217,6 +233,30 @@ fn reference_flags(cluster: &Cluster, args: &Args, port: u16) -> Vec<String> {
         "--v=1".into(),
     ]);
     flags
+}
+
+/// Takes the `--feature-gates` values (`--feature-gates=X` or
+/// `--feature-gates X`) out of ours' further flags. The binary keeps only
+/// the last `--feature-gates`, so passed on as they are they would drop the
+/// gates the harness sets; joined after those instead, they add to them, and
+/// a gate named in both takes the later value.
+fn split_feature_gates(ours_args: &[String]) -> (Vec<String>, Vec<String>) {
+    let (mut gates, mut rest) = (Vec::new(), Vec::new());
+    let mut iter = ours_args.iter();
+    while let Some(arg) = iter.next() {
+        if let Some(value) = arg.strip_prefix("--feature-gates=") {
+            gates.push(value.to_string());
+        } else if arg == "--feature-gates" {
+            match iter.next() {
+                Some(value) => gates.push(value.clone()),
+                // Left for the binary to refuse.
+                None => rest.push(arg.clone()),
+            }
+        } else {
+            rest.push(arg.clone());
+        }
+    }
+    (gates, rest)
 }
 
 async fn get_text(client: &kube::Client, path: &str) -> anyhow::Result<String> {

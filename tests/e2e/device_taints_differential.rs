@@ -149,6 +149,7 @@ async fn differential_device_taint_eviction_story() {
         &rules_apiserver(),
         &["device-taint-eviction-controller"],
         &["--feature-gates=DRADeviceTaintRules=true".into()],
+        async |_| {},
     )
     .await
     else {

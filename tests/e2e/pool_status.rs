@@ -137,8 +137,11 @@ fn complete(message: &str) -> Value {
 /// pool-a: one slice on the node, 4 devices, 2 allocated (and a claim of
 /// another driver's pool of the same name, not counted); pool-b: two slices
 /// on two nodes at generation 2 (generation 1, 8 devices, left behind);
-/// another driver's pool. Four requests, answered alike by both.
-async fn published_pools_story(t: &TestCtx) -> BTreeMap<&'static str, Value> {
+/// another driver's pool. Four requests, answered alike by both. All exist
+/// before the controller starts: an answer is written once, from what the
+/// controller has seen, so a request racing its pools' slices could be
+/// answered without them (by either controller).
+async fn publish_pools_and_ask(t: &TestCtx) {
     publish(t, "pool-a", (DRIVER, "pool-a"), (1, 1), NODE, 4).await;
     publish(t, "pool-b-old", (DRIVER, "pool-b"), (1, 1), NODE, 8).await;
     publish(t, "pool-b-1", (DRIVER, "pool-b"), (2, 2), NODE, 2).await;
@@ -161,11 +164,13 @@ async fn published_pools_story(t: &TestCtx) -> BTreeMap<&'static str, Value> {
         "other-a-0",
     )
     .await;
-
     ask(t, "all", json!({"driver": DRIVER})).await;
     ask(t, "only-b", json!({"driver": DRIVER, "poolName": "pool-b"})).await;
     ask(t, "first", json!({"driver": DRIVER, "limit": 1})).await;
     ask(t, "nothing", json!({"driver": "none.example.com"})).await;
+}
+
+async fn published_pools_answered(t: &TestCtx) -> BTreeMap<&'static str, Value> {
     let mut answers = BTreeMap::new();
     for name in ["all", "only-b", "first", "nothing"] {
         answers.insert(name, wait_answered(t, name).await);
@@ -231,10 +236,14 @@ async fn pool_status_requests_answered_once_with_the_reference_counts() {
     let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &apiserver()).await else {
         return;
     };
+    publish_pools_and_ask(&t).await;
     if !crate::podgroups::start_with_gate_rbac(&mut t, NAME, &gates()).await {
         return;
     }
-    assert_eq!(published_pools_story(&t).await, published_pools_answers());
+    assert_eq!(
+        published_pools_answered(&t).await,
+        published_pools_answers()
+    );
 
     // Answered once: a later allocation changes no answer.
     allocated(&t, "uses-a2", (DRIVER, "pool-a"), "pool-a-2").await;
@@ -308,9 +317,6 @@ async fn pool_status_requests_counted_as_1_37_when_acting_as_1_37() {
     let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &apiserver).await else {
         return;
     };
-    if !crate::podgroups::start_with_gate_rbac(&mut t, NAME, &gates()).await {
-        return;
-    }
     let pool = "pool-137";
     let devices = json!([
         {"name": "d0"}, {"name": "d1"},
@@ -337,15 +343,11 @@ async fn pool_status_requests_counted_as_1_37_when_acting_as_1_37() {
     let one = |d: &str| json!({"driver": driver, "pool": pool, "device": d});
     crate::device_taints::create_rule(&t, "drain-d3", "NoExecute", one("d3")).await;
     crate::device_taints::create_rule(&t, "preview-d4", "None", one("d4")).await;
-
-    // The rules reach the controller through its watch: ask once it has
-    // written their status.
-    wait_for("the rules seen", TIMEOUT, async || {
-        crate::device_taints::rule_condition(&t, "preview-d4").await?;
-        Ok(())
-    })
-    .await;
     ask(&t, "as-1-37", json!({"driver": driver})).await;
+    // Started after: its first lists hold everything the answer counts.
+    if !crate::podgroups::start_with_gate_rbac(&mut t, NAME, &gates()).await {
+        return;
+    }
     assert_eq!(
         wait_answered(&t, "as-1-37").await,
         json!({"poolCount": 1, "pools": [{"driver": driver, "poolName": pool, "generation": 1,
@@ -375,13 +377,14 @@ async fn differential_pool_status_requests() {
         &apiserver(),
         &["resourcepoolstatusrequest-controller"],
         &["--feature-gates=DRAResourcePoolStatus=true".into()],
+        publish_pools_and_ask,
     )
     .await
     else {
         return;
     };
     assert_eq!(
-        published_pools_story(&t).await,
+        published_pools_answered(&t).await,
         published_pools_answers(),
         "the reference answers as ours does"
     );

@@ -57,4 +57,32 @@ fn pool_status_requests_get_rights_only_with_their_gate() {
         args(&off)
     );
     assert_eq!(bound_cluster_rules(&off), expected_cluster_rules());
+
+    // Without the eviction controller, requests still read DeviceTaintRules
+    // (1.37 counts the devices they taint): the rights to list them stay,
+    // or the process would wait for that list forever.
+    let plain = render_or_skip!(&[("deviceTaintEviction.enabled", "false")]);
+    let alone = render_or_skip!(&[
+        ("deviceTaintEviction.enabled", "false"),
+        ("featureGates", GATED)
+    ]);
+    let mut want = bound_cluster_rules(&plain);
+    want.extend(pool_status_rules());
+    let read = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    for resource in ["devicetaintrules", "resourceslices"] {
+        want.insert(
+            ("resource.k8s.io".into(), resource.into()),
+            read(&["get", "list", "watch"]),
+        );
+    }
+    for version in ["v1", "v1beta2"] {
+        want.insert(
+            (
+                NON_RESOURCE.into(),
+                format!("/apis/resource.k8s.io/{version}"),
+            ),
+            read(&["get"]),
+        );
+    }
+    assert_eq!(bound_cluster_rules(&alone), want);
 }

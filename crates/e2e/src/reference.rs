@@ -183,12 +183,15 @@ pub async fn wait_healthy(proc: &Proc, port: u16) -> anyhow::Result<()> {
 
 /// A test with kube-controller-manager running `controllers` (with `extra`
 /// flags) on its own API server started with `apiserver`, and none of
-/// ours; `None` after one `SKIP:` line when a binary is missing.
+/// ours; `prepare` runs before kube-controller-manager starts (objects its
+/// first lists must hold). `None` after one `SKIP:` line when a binary is
+/// missing.
 pub async fn isolated_with_reference(
     name: &'static str,
     apiserver: &crate::cluster::ApiserverOptions,
     controllers: &[&str],
     extra: &[String],
+    prepare: impl AsyncFnOnce(&crate::ctx::TestCtx),
 ) -> Option<(crate::ctx::TestCtx, Reference)> {
     let kcm = binary_or_skip(name)?;
     let mut t = crate::ctx::TestCtx::isolated_with(
@@ -198,6 +201,7 @@ pub async fn isolated_with_reference(
         apiserver,
     )
     .await?;
+    prepare(&t).await;
     let reference =
         Reference::start_controllers_with(&kcm, &t.isolated_env().cluster, controllers, extra)
             .await

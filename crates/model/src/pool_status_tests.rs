@@ -523,8 +523,6 @@ fn calculate_pool_status_as_1_37_counts() {
     for (name, got, want) in rows {
         assert_eq!(got, want, "{name}");
     }
-    // gate-disabled: no rules in force.
-    assert_eq!(one(&[], &[], &[]), (0, 5, 0));
     // Allocated and tainted: subtracted twice, as 1.37 does.
     assert_eq!(
         one(

@@ -42,13 +42,13 @@ use crate::model::views::ClaimView;
 use crate::runtime::error::{SyncError, kube_err};
 use crate::runtime::informer::{Handler, Informer};
 use crate::runtime::reachability::Reachability;
-use crate::runtime::retry::requeue;
+use crate::runtime::retry::{Backoff, requeue};
 use crate::runtime::startup::{DISCOVERY_TRIES, Discovered, discover_within};
 use crate::runtime::store::Store;
 use crate::workqueue::WorkQueue;
 
-/// kube-controller-manager's name for it: the workqueue's `name` and the
-/// status field manager.
+/// kube-controller-manager's name for it; here also the work queue's
+/// `name` (upstream's queue has none, so no metrics).
 pub const CONTROLLER_NAME: &str = "resourcepoolstatusrequest-controller";
 
 /// The API the requests are served in (alpha in 1.36 and 1.37).
@@ -58,6 +58,11 @@ const PLURAL: &str = "resourcepoolstatusrequests";
 
 /// How often expired requests are looked for (upstream's interval).
 const CLEANUP_EVERY: Duration = Duration::from_secs(600);
+/// Expired requests deleted in one go; more wait [`CLEANUP_NEXT_BATCH`].
+const CLEANUP_BATCH: usize = 50;
+const CLEANUP_NEXT_BATCH: Duration = Duration::from_secs(1);
+/// The first clean-up waits for the requests' first list this often.
+const CLEANUP_UNTIL_LISTED: Duration = Duration::from_secs(5);
 
 /// One work item: a request to answer (its name), or the clean-up.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -117,26 +122,44 @@ impl Controller {
     }
 
     /// Watches the requests once discovery finds their API; when it is not
-    /// served, says how to turn it on and does nothing more.
+    /// served, says how to turn it on and does nothing more. Discovery
+    /// that gets no answer is asked again, with backoff, for as long as it
+    /// takes: nothing else waits for this watch.
     pub(crate) async fn run_watch(self: Arc<Self>, client: kube::Client) {
-        let found = discover_within(
-            &client,
-            GROUP,
-            &[VERSION],
-            PLURAL,
-            DISCOVERY_TRIES,
-            Duration::from_secs(10),
-        )
-        .await;
-        if found == Discovered::NotServed || found == Discovered::NoAnswer {
-            warn!(
-                discovery = ?found,
-                "DRAResourcePoolStatus is on, but the API server serves no ResourcePoolStatusRequest \
-                 (resource.k8s.io/v1alpha3), or did not answer its discovery: requests are not answered. \
-                 Enable the API server's --runtime-config=resource.k8s.io/v1alpha3=true and its \
-                 DRAResourcePoolStatus gate, then restart this controller"
-            );
-            return;
+        let mut backoff = Backoff::default();
+        loop {
+            let found = discover_within(
+                &client,
+                GROUP,
+                &[VERSION],
+                PLURAL,
+                DISCOVERY_TRIES,
+                Duration::from_secs(10),
+            )
+            .await;
+            match found {
+                Discovered::Served(_) => break,
+                Discovered::NotServed => {
+                    warn!(
+                        "DRAResourcePoolStatus is on, but the API server serves no ResourcePoolStatusRequest \
+                         (resource.k8s.io/v1alpha3): requests are not answered. Enable the API server's \
+                         --runtime-config=resource.k8s.io/v1alpha3=true and its DRAResourcePoolStatus \
+                         gate, then restart this controller"
+                    );
+                    // Nothing to list: the empty store is the truth.
+                    self.watch.mark_synced();
+                    return;
+                }
+                Discovered::NoAnswer => {
+                    let pause = backoff.next_pause();
+                    warn!(
+                        retry_in_ms = pause.as_millis() as u64,
+                        "discovering ResourcePoolStatusRequests (GET /apis/resource.k8s.io/v1alpha3) got \
+                         no answer; asking again (a 403 means the identity lacks get on that URL)"
+                    );
+                    tokio::time::sleep(pause).await;
+                }
+            }
         }
         info!(
             api_version = "resource.k8s.io/v1alpha3",
@@ -244,11 +267,12 @@ impl Controller {
         }
         let mut answered = (*request).clone();
         answered.status = Some(status_of(&answer, now));
-        let params = PostParams {
-            field_manager: Some(CONTROLLER_NAME.to_string()),
-            ..PostParams::default()
-        };
-        let written = self.api.replace_status(name, &params, &answered).await;
+        // No field manager named, as upstream: the API server takes the
+        // client's user agent (an update owns no fields against appliers).
+        let written = self
+            .api
+            .replace_status(name, &PostParams::default(), &answered)
+            .await;
         self.metrics.processed(
             &spec.driver,
             started.elapsed().as_secs_f64(),
@@ -267,15 +291,26 @@ impl Controller {
         Ok(None)
     }
 
-    /// Deletes the requests whose time is up; then waits 10 minutes.
+    /// Deletes the requests whose time is up, [`CLEANUP_BATCH`] at a time
+    /// so that answers are not held up behind a long clean-up; then waits
+    /// 10 minutes (a few seconds while the requests are not listed yet).
     async fn clean_up(&self) -> Result<Option<Duration>, SyncError> {
+        if !self.watch.is_synced() {
+            return Ok(Some(CLEANUP_UNTIL_LISTED));
+        }
         let now = Timestamp::now();
         let mut deleted = 0;
-        for request in self.requests.list() {
-            let created = request.metadata.creation_timestamp.as_ref().map(|t| t.0);
-            if !should_delete(created, answered_at(request.status.as_ref()), now) {
-                continue;
-            }
+        let expired: Vec<_> = self
+            .requests
+            .list()
+            .into_iter()
+            .filter(|r| {
+                let created = r.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                should_delete(created, answered_at(r.status.as_ref()), now)
+            })
+            .collect();
+        let more = expired.len() > CLEANUP_BATCH;
+        for request in expired.into_iter().take(CLEANUP_BATCH) {
             let name = request.metadata.name.clone().unwrap_or_default();
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
@@ -305,9 +340,13 @@ impl Controller {
             }
         }
         if deleted > 0 {
-            info!(deleted, "expired ResourcePoolStatusRequests deleted");
+            info!(deleted, more, "expired ResourcePoolStatusRequests deleted");
         }
-        Ok(Some(CLEANUP_EVERY))
+        Ok(Some(if more {
+            CLEANUP_NEXT_BATCH
+        } else {
+            CLEANUP_EVERY
+        }))
     }
 }
 
