@@ -94,16 +94,20 @@ impl DeviceWatches {
     /// Runs the watches of the kinds read until the process ends.
     pub(crate) async fn run(&self, client: kube::Client, observers: DeviceObservers) {
         let kinds = self.kinds();
+        // managedFields are most of a slice's size (an entry per device
+        // field, per writer), and no room reads them.
         let slices = Mirror::new(
             self.stores.slices.clone(),
             |s: &ResourceSlice| s.metadata.name.clone().unwrap_or_default(),
             observers.slices,
-        );
+        )
+        .trimmed(|s| s.metadata.managed_fields = None);
         let classes = Mirror::new(
             self.stores.classes.clone(),
             |c: &DeviceClass| c.metadata.name.clone().unwrap_or_default(),
             observers.classes,
-        );
+        )
+        .trimmed(|c| c.metadata.managed_fields = None);
         let nodes = Mirror::new(
             self.stores.nodes.clone(),
             |n: &NodeView| n.name().to_string(),
@@ -113,7 +117,8 @@ impl DeviceWatches {
             self.stores.rules.clone(),
             |r: &DeviceTaintRule| r.metadata.name.clone().unwrap_or_default(),
             observers.rules,
-        );
+        )
+        .trimmed(|r| r.metadata.managed_fields = None);
         tokio::join!(
             when(
                 kinds.slices,

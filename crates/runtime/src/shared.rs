@@ -85,6 +85,8 @@ pub struct Mirror<K> {
     store: Arc<Store<K>>,
     key: fn(&K) -> String,
     observers: Vec<Arc<dyn Observer<K>>>,
+    /// Drops what no room reads from each object as it arrives.
+    trim: fn(&mut K),
 }
 
 impl<K> Mirror<K> {
@@ -97,14 +99,34 @@ impl<K> Mirror<K> {
             store,
             key,
             observers,
+            trim: |_| {},
         }
+    }
+
+    /// Each object is trimmed by `trim` before it is held, also while a
+    /// list is still coming in (e.g. `metadata.managedFields`, often the
+    /// larger part of a small object, which nobody reads).
+    pub fn trimmed(mut self, trim: fn(&mut K)) -> Self {
+        self.trim = trim;
+        self
+    }
+
+    fn trim(&self, mut obj: K) -> K {
+        (self.trim)(&mut obj);
+        obj
     }
 }
 
 impl<K: Send + Sync> Handler<K> for Mirror<K> {
+    fn admit(&self, obj: K) -> Option<K> {
+        Some(self.trim(obj))
+    }
     fn relisted(&self, objects: Vec<K>) {
+        // Trimmed again for handlers in front of this one that admit
+        // objects themselves (a version converter).
         let entries = objects
             .into_iter()
+            .map(|o| self.trim(o))
             .map(|o| ((self.key)(&o), Arc::new(o)))
             .collect();
         let gone = self.store.replace(entries);
@@ -116,13 +138,14 @@ impl<K: Send + Sync> Handler<K> for Mirror<K> {
         }
     }
     fn applied(&self, obj: K) {
-        let obj = Arc::new(obj);
+        let obj = Arc::new(self.trim(obj));
         let old = self.store.apply((self.key)(&obj), obj.clone());
         for observer in &self.observers {
             observer.applied(old.as_deref(), &obj);
         }
     }
     fn deleted(&self, obj: K) {
+        let obj = self.trim(obj);
         let last = self.store.delete(&(self.key)(&obj));
         let last = last.as_deref().unwrap_or(&obj);
         for observer in &self.observers {

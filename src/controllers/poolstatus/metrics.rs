@@ -9,8 +9,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use prometheus::core::{Collector, Desc};
-use prometheus::proto::MetricFamily;
-use prometheus::{IntGaugeVec, Opts};
+use prometheus::proto::{Gauge, LabelPair, Metric, MetricFamily, MetricType};
 
 use crate::model::capacity::{PoolCapacity, STATES, pool_capacity};
 use crate::model::device_taints::rules_of;
@@ -109,15 +108,39 @@ impl Collector for PoolGauge {
             claims.iter().map(|c| c.as_ref()),
             &rules_of(&rules),
         );
-        let gauge =
-            IntGaugeVec::new(Opts::new(NAME, HELP), &LABELS).expect("static metric definition");
-        for pool in reported(pools, self.by) {
+        // Built as the exposition's own records, one per series: a gauge
+        // vector would first hold a child per series (thousands, on a
+        // cluster of node-local pools) only to be copied into these.
+        let reported = reported(pools, self.by);
+        let mut metrics = Vec::with_capacity(reported.len() * STATES.len());
+        for pool in &reported {
             for (state, value) in STATES.iter().zip(pool.values()) {
-                gauge
-                    .with_label_values(&[pool.driver.as_str(), &pool.pool, &pool.node, state])
-                    .set(value as i64);
+                let labels = [
+                    ("driver", pool.driver.as_str()),
+                    ("pool", pool.pool.as_str()),
+                    ("node", pool.node.as_str()),
+                    ("state", state),
+                ];
+                let mut metric = Metric::default();
+                metric.set_label(labels.iter().map(|(n, v)| label(n, v)).collect());
+                let mut gauge = Gauge::default();
+                gauge.set_value(value as f64);
+                metric.set_gauge(gauge);
+                metrics.push(metric);
             }
         }
-        gauge.collect()
+        let mut family = MetricFamily::default();
+        family.set_name(NAME.to_string());
+        family.set_help(HELP.to_string());
+        family.set_field_type(MetricType::GAUGE);
+        family.set_metric(metrics);
+        vec![family]
     }
+}
+
+fn label(name: &str, value: &str) -> LabelPair {
+    let mut pair = LabelPair::default();
+    pair.set_name(name.to_string());
+    pair.set_value(value.to_string());
+    pair
 }
