@@ -85,6 +85,7 @@ fn metrics_access(args: &Args, client: &kube::Client) -> anyhow::Result<MetricsA
 /// leadership is lost (exit 1, so the Deployment restarts the pod).
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let registry = prometheus::Registry::new();
+    let exposition = crate::runtime::exposition::Exposition::from(registry.clone());
     let health = Health::default();
 
     let client_opts = ClientOptions {
@@ -101,7 +102,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let servers = start_servers(
         args.metrics_bind_address,
         args.health_probe_bind_address,
-        registry.clone(),
+        exposition.clone(),
         health.clone(),
         metrics_access(&args, &client)?,
         stopped(stop_rx.clone()),
@@ -319,12 +320,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             rules: gates.device_taint_rules_on(),
             ..Kinds::default()
         });
-        registry.register(Box::new(PoolGauge::new(
+        exposition.add_text(Arc::new(PoolGauge::new(
             device_watches.stores().clone(),
             controller.caches().claims.clone(),
             synced.clone(),
             args.pool_metrics,
-        )?))?;
+        )));
     }
     controller.observe(pod_observers, claim_observers);
     let reads_devices = device_watches.kinds().any();

@@ -6,8 +6,64 @@
 //! kube-controller-manager does, and not `0.00000001`, as the Rust client
 //! does. Everything else of the Rust encoder's output is kept.
 
+use std::sync::{Arc, RwLock};
+
 use prometheus::proto::MetricFamily;
-use prometheus::{Encoder, TextEncoder};
+use prometheus::{Encoder, Registry, TextEncoder};
+
+/// A metric family that writes its own text exposition: for one with very
+/// many series computed at scrape time, whose records as the client
+/// library's objects would cost several times the text itself.
+pub trait TextFamily: Send + Sync {
+    /// Appends `# HELP`, `# TYPE` and the samples (nothing when it has
+    /// none).
+    fn write_text(&self, out: &mut String);
+}
+
+/// What `/metrics` serves: the registry, then the text families added
+/// (also after the server started).
+#[derive(Clone, Default)]
+pub struct Exposition {
+    registry: Registry,
+    text: Arc<RwLock<Vec<Arc<dyn TextFamily>>>>,
+}
+
+impl From<Registry> for Exposition {
+    fn from(registry: Registry) -> Self {
+        Exposition {
+            registry,
+            text: Default::default(),
+        }
+    }
+}
+
+impl Exposition {
+    pub fn add_text(&self, family: Arc<dyn TextFamily>) {
+        self.text.write().unwrap().push(family);
+    }
+
+    /// The whole exposition.
+    pub fn encode(&self) -> prometheus::Result<String> {
+        let mut out = encode(&self.registry.gather())?;
+        for family in self.text.read().unwrap().iter() {
+            family.write_text(&mut out);
+        }
+        Ok(out)
+    }
+}
+
+/// A label value as the text format writes it (`\`, `"` and newlines
+/// escaped).
+pub fn escape_label_value(value: &str, out: &mut String) {
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
 
 /// Labels whose values are numbers written by the client library.
 const NUMERIC_LABELS: [&str; 2] = ["le", "quantile"];
@@ -121,6 +177,24 @@ mod tests {
                 .collect();
             assert_eq!(ours, want, "{metric}");
         }
+    }
+
+    #[test]
+    fn text_families_follow_the_registry_escaped() {
+        struct Two;
+        impl TextFamily for Two {
+            fn write_text(&self, out: &mut String) {
+                out.push_str("# TYPE two gauge\ntwo{v=\"");
+                escape_label_value("a\"b\\c\nd", out);
+                out.push_str("\"} 2\n");
+            }
+        }
+        let exposition = Exposition::from(Registry::new());
+        exposition.add_text(Arc::new(Two));
+        assert_eq!(
+            exposition.encode().unwrap(),
+            "# TYPE two gauge\ntwo{v=\"a\\\"b\\\\c\\nd\"} 2\n"
+        );
     }
 
     #[test]

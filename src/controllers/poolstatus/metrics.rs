@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::DeviceTaintRule;
-use prometheus::core::{Collector, Desc};
-use prometheus::proto::{Gauge, LabelPair, Metric, MetricFamily, MetricType};
+use std::fmt::Write as _;
+
+use crate::runtime::exposition::{TextFamily, escape_label_value};
 
 use crate::model::capacity::{PoolCapacity, STATES, pool_capacity};
 use crate::model::device_taints::rules_of;
@@ -21,7 +22,6 @@ const NAME: &str = "dra_claim_controller_pool_devices";
 const HELP: &str = "Devices of each DRA pool by state: total (published, newest pool generation), allocated (taken by a \
 claim), admin_access (allocated with admin access only), unavailable (not taken, tainted NoSchedule or NoExecute by its \
 slice or a DeviceTaintRule), free. Computed from memory at scrape time; absent until the stores are loaded.";
-const LABELS: [&str; 4] = ["driver", "pool", "node", "state"];
 
 /// `--pool-metrics`: how finely pools are reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -40,7 +40,6 @@ pub struct PoolGauge {
     claims: Arc<Store<ClaimView>>,
     synced: WatchesSynced,
     by: PoolMetrics,
-    desc: Vec<Desc>,
 }
 
 impl PoolGauge {
@@ -49,20 +48,13 @@ impl PoolGauge {
         claims: Arc<Store<ClaimView>>,
         synced: WatchesSynced,
         by: PoolMetrics,
-    ) -> prometheus::Result<Self> {
-        let desc = Desc::new(
-            NAME.into(),
-            HELP.into(),
-            LABELS.iter().map(|l| l.to_string()).collect(),
-            Default::default(),
-        )?;
-        Ok(PoolGauge {
+    ) -> Self {
+        PoolGauge {
             devices,
             claims,
             synced,
             by,
-            desc: vec![desc],
-        })
+        }
     }
 }
 
@@ -91,14 +83,13 @@ pub(crate) fn reported(pools: Vec<PoolCapacity>, by: PoolMetrics) -> Vec<PoolCap
     }
 }
 
-impl Collector for PoolGauge {
-    fn desc(&self) -> Vec<&Desc> {
-        self.desc.iter().collect()
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
+impl TextFamily for PoolGauge {
+    /// Written as text directly: at one pool per node, a cluster of
+    /// thousands of nodes has tens of thousands of series, whose records as
+    /// the client library's objects would cost several times the text.
+    fn write_text(&self, out: &mut String) {
         if !self.synced.is_synced() || self.by == PoolMetrics::Off {
-            return Vec::new();
+            return;
         }
         let slices = self.devices.slices.list();
         let claims = self.claims.list();
@@ -108,39 +99,29 @@ impl Collector for PoolGauge {
             claims.iter().map(|c| c.as_ref()),
             &rules_of(&rules),
         );
-        // Built as the exposition's own records, one per series: a gauge
-        // vector would first hold a child per series (thousands, on a
-        // cluster of node-local pools) only to be copied into these.
         let reported = reported(pools, self.by);
-        let mut metrics = Vec::with_capacity(reported.len() * STATES.len());
+        let _ = writeln!(out, "# HELP {NAME} {HELP}");
+        let _ = writeln!(out, "# TYPE {NAME} gauge");
         for pool in &reported {
             for (state, value) in STATES.iter().zip(pool.values()) {
-                let labels = [
+                out.push_str(NAME);
+                for (i, (name, value)) in [
                     ("driver", pool.driver.as_str()),
                     ("pool", pool.pool.as_str()),
                     ("node", pool.node.as_str()),
                     ("state", state),
-                ];
-                let mut metric = Metric::default();
-                metric.set_label(labels.iter().map(|(n, v)| label(n, v)).collect());
-                let mut gauge = Gauge::default();
-                gauge.set_value(value as f64);
-                metric.set_gauge(gauge);
-                metrics.push(metric);
+                ]
+                .iter()
+                .enumerate()
+                {
+                    out.push_str(if i == 0 { "{" } else { "," });
+                    out.push_str(name);
+                    out.push_str("=\"");
+                    escape_label_value(value, out);
+                    out.push('"');
+                }
+                let _ = writeln!(out, "}} {value}");
             }
         }
-        let mut family = MetricFamily::default();
-        family.set_name(NAME.to_string());
-        family.set_help(HELP.to_string());
-        family.set_field_type(MetricType::GAUGE);
-        family.set_metric(metrics);
-        vec![family]
     }
-}
-
-fn label(name: &str, value: &str) -> LabelPair {
-    let mut pair = LabelPair::default();
-    pair.set_name(name.to_string());
-    pair.set_value(value.to_string());
-    pair
 }

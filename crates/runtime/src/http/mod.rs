@@ -19,6 +19,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::exposition::Exposition;
 use anyhow::{Context as _, bail};
 use axum::Router;
 use axum::extract::State;
@@ -26,7 +27,6 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use futures::FutureExt;
-use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -260,8 +260,8 @@ async fn readyz(State(health): State<Health>) -> Response {
     probe_response(health.readiness())
 }
 
-async fn metrics(State(registry): State<Registry>) -> Response {
-    match crate::exposition::encode(&registry.gather()) {
+async fn metrics(State(exposition): State<Exposition>) -> Response {
+    match exposition.encode() {
         Ok(body) => (
             [(header::CONTENT_TYPE, crate::exposition::content_type())],
             body,
@@ -275,10 +275,10 @@ async fn metrics(State(registry): State<Registry>) -> Response {
 }
 
 /// `/metrics` in the Prometheus text format, behind `access`'s gate.
-pub(crate) fn metrics_router(registry: Registry, access: &MetricsAccess) -> Router {
+pub(crate) fn metrics_router(exposition: Exposition, access: &MetricsAccess) -> Router {
     let router = Router::new()
         .route("/metrics", get(metrics))
-        .with_state(registry);
+        .with_state(exposition);
     match access {
         MetricsAccess::Open => router,
         MetricsAccess::Secure { gate, .. } => router.route_layer(
@@ -400,12 +400,13 @@ impl Servers {
 pub async fn start_servers(
     metrics_bind_address: BindAddress,
     health_probe_bind_address: BindAddress,
-    registry: Registry,
+    exposition: impl Into<Exposition>,
     health: Health,
     access: MetricsAccess,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<Servers> {
     let (metrics_addr, health_addr) = (metrics_bind_address.0, health_probe_bind_address.0);
+    let registry: Exposition = exposition.into();
 
     let mut bound = Vec::new();
     match (metrics_addr, health_addr) {

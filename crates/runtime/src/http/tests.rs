@@ -1,4 +1,5 @@
 use super::*;
+use prometheus::Registry;
 use std::time::Duration;
 
 fn bind(s: &str) -> BindAddress {
