@@ -37,19 +37,14 @@ fn opts() -> ControllerOpts {
 /// An isolated cluster with the chart's RBAC for allocation applied (the
 /// controller is started by the caller); `None`: skipped.
 async fn cluster(name: &'static str) -> Option<TestCtx> {
-    let mut t = TestCtx::isolated(name, opts(), 0).await?;
-    let applied =
-        crate::rbac::reapply_controller_rbac(&t.client, &[("allocation.nodeSelector", SELECTOR)])
-            .await
-            .expect("apply the chart's RBAC with allocation on");
-    if !applied {
-        println!(
-            "SKIP: {name}: Helm is not available to render the chart's RBAC with allocation on"
-        );
-        return None;
-    }
-    let _ = &mut t;
-    Some(t)
+    let t = TestCtx::isolated(name, opts(), 0).await?;
+    crate::rbac::reapply_controller_rbac_or_skip(
+        &t.client,
+        name,
+        &[("allocation.nodeSelector", SELECTOR)],
+    )
+    .await
+    .then_some(t)
 }
 
 pub async fn declare(client: &kube::Client, node: &str) {

@@ -19,14 +19,13 @@ async fn allocator_honours_device_taint_rules() {
     let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &rules_apiserver()).await else {
         return;
     };
-    let applied =
-        crate::rbac::reapply_controller_rbac(&t.client, &[("allocation.nodeSelector", SELECTOR)])
-            .await
-            .expect("apply the chart's RBAC with allocation on");
-    if !applied {
-        println!(
-            "SKIP: {NAME}: Helm is not available to render the chart's RBAC with allocation on"
-        );
+    if !crate::rbac::reapply_controller_rbac_or_skip(
+        &t.client,
+        NAME,
+        &[("allocation.nodeSelector", SELECTOR)],
+    )
+    .await
+    {
         return;
     }
     nodes::create_device_class(&t.client, DEVICE_CLASS)

@@ -63,11 +63,7 @@ async fn cluster(
         .unwrap();
     let mut all_values = vec![("headroom.enabled", "true")];
     all_values.extend_from_slice(values);
-    let applied = crate::rbac::reapply_controller_rbac(&t.client, &all_values)
-        .await
-        .unwrap();
-    if !applied {
-        println!("SKIP: {name}: Helm is not available to render the chart's RBAC");
+    if !crate::rbac::reapply_controller_rbac_or_skip(&t.client, name, &all_values).await {
         return None;
     }
     let plane = control_plane_with(&mut t, &bins, autoscaler_flags).await;

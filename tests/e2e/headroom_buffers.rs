@@ -186,17 +186,16 @@ async fn capacity_buffers_with_our_strategy_get_placeholder_pods() {
             .unwrap();
     }
     crate::headroom::one_device_template(&t, "one-gpu", DRIVER).await;
-    let applied = crate::rbac::reapply_controller_rbac(
+    if !crate::rbac::reapply_controller_rbac_or_skip(
         &t.client,
+        NAME,
         &[
             ("headroom.enabled", "true"),
             ("headroom.capacityBuffers.enabled", "true"),
         ],
     )
     .await
-    .unwrap();
-    if !applied {
-        println!("SKIP: {NAME}: Helm is not available to render the chart's RBAC");
+    {
         return;
     }
     let (_scheduler, _kcm) = crate::headroom::scheduler_and_workload_controllers(

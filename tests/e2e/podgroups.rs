@@ -46,12 +46,13 @@ pub fn pod_groups(t: &TestCtx) -> Api<DynamicObject> {
 /// controller; `false`, after one SKIP line, without Helm.
 pub async fn start_with_gate_rbac(t: &mut TestCtx, name: &str, gates: &str) -> bool {
     let escaped = gates.replace(',', "\\,");
-    let applied =
-        crate::rbac::reapply_controller_rbac(&t.client, &[("featureGates", escaped.as_str())])
-            .await
-            .expect("apply the chart's RBAC with the gate on");
-    if !applied {
-        println!("SKIP: {name}: Helm is not available to render the chart's RBAC with the gate");
+    if !crate::rbac::reapply_controller_rbac_or_skip(
+        &t.client,
+        name,
+        &[("featureGates", escaped.as_str())],
+    )
+    .await
+    {
         return false;
     }
     t.isolated_env()
@@ -391,21 +392,9 @@ async fn pinned_release_decides_for_members_with_the_claims_gate_off() {
         let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &apiserver()).await else {
             return;
         };
-        let escaped = gates.replace(',', "\\,");
-        let applied =
-            crate::rbac::reapply_controller_rbac(&t.client, &[("featureGates", escaped.as_str())])
-                .await
-                .expect("apply the chart's RBAC with the gates");
-        if !applied {
-            println!(
-                "SKIP: {NAME}: Helm is not available to render the chart's RBAC with the gates"
-            );
+        if !start_with_gate_rbac(&mut t, NAME, &gates).await {
             return;
         }
-        t.isolated_env()
-            .start_controller()
-            .await
-            .expect("start controller");
         t.create_template("tmpl").await;
         create_group(&t).await;
         create_member(&t, "member-1").await;

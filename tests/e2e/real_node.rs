@@ -241,12 +241,13 @@ async fn pre_scheduled_pods_run_on_a_real_node() {
     let Some(mut t) = TestCtx::isolated(NAME, opts, 0).await else {
         return;
     };
-    let applied =
-        crate::rbac::reapply_controller_rbac(&t.client, &[("allocation.nodeSelector", SELECTOR)])
-            .await
-            .expect("apply the chart's RBAC with allocation on");
-    if !applied {
-        println!("SKIP: {NAME}: Helm is not available to render the chart's RBAC");
+    if !crate::rbac::reapply_controller_rbac_or_skip(
+        &t.client,
+        NAME,
+        &[("allocation.nodeSelector", SELECTOR)],
+    )
+    .await
+    {
         return;
     }
     let cluster = &t.isolated_env().cluster;

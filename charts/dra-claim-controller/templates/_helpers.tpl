@@ -199,3 +199,12 @@ the one the chart's cert-manager Certificate writes; empty: self-signed.
 {{- define "dra-claim-controller.metricsServiceDNS" -}}
 {{ include "dra-claim-controller.fullname" . }}-metrics.{{ .Release.Namespace }}.svc
 {{- end -}}
+
+{{/*
+"true" when ResourcePoolStatusRequests are answered: poolStatusRequests.enabled
+and DRAResourcePoolStatus=true in featureGates (its rights, and the
+in-tree controller to turn off, follow this one rule).
+*/}}
+{{- define "dra-claim-controller.poolStatusRequests" -}}
+{{- if and .Values.poolStatusRequests.enabled (regexMatch "(^|,)\\s*DRAResourcePoolStatus\\s*=\\s*true" .Values.featureGates) }}true{{ end }}
+{{- end }}

@@ -262,6 +262,22 @@ pub async fn reapply_controller_rbac(
     Ok(true)
 }
 
+/// [`reapply_controller_rbac`] for the test `name`: panics when applying
+/// fails; `false` after one `SKIP:` line when Helm is not available here.
+pub async fn reapply_controller_rbac_or_skip(
+    client: &kube::Client,
+    name: &str,
+    set: &[(&str, &str)],
+) -> bool {
+    let applied = reapply_controller_rbac(client, set)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: apply the chart's RBAC with {set:?}: {e:#}"));
+    if !applied {
+        println!("SKIP: {name}: Helm is not available to render the chart's RBAC with {set:?}");
+    }
+    applied
+}
+
 /// The chart's read-only ClusterRole for `drain-check` and `audit`.
 pub const INSPECTOR_ROLE: &str = "dra-claim-controller-inspector";
 /// The chart's role for reading the secure `/metrics`.

@@ -58,6 +58,17 @@ fn answer_136(
     answer(question, Counting::V1_36, slices, claims)
 }
 
+/// The answer to "every pool of [`DRIVER`]" as 1.37 counts, `rules` in
+/// force.
+fn answer_137(slices: &[ResourceSlice], claims: &[ClaimView], rules: &[TaintRule]) -> Answer {
+    let question = Question {
+        driver: DRIVER,
+        pool_name: None,
+        limit: None,
+    };
+    answer(question, Counting::V1_37 { rules }, slices, claims)
+}
+
 struct Row {
     name: &'static str,
     pool_name: Option<&'static str>,
@@ -447,13 +458,7 @@ fn rule(effect: &str, device: &str) -> TaintRule {
 #[test]
 fn calculate_pool_status_as_1_37_counts() {
     let one = |taints: &[(&str, &str)], claims: &[ClaimView], rules: &[TaintRule]| {
-        let question = Question {
-            driver: DRIVER,
-            pool_name: None,
-            limit: None,
-        };
-        let slices = [tainted_slice(taints)];
-        let got = answer(question, Counting::V1_37 { rules }, &slices, claims);
+        let got = answer_137(&[tainted_slice(taints)], claims, rules);
         let p = &got.pools[0];
         (
             p.allocated_devices.unwrap(),
@@ -537,13 +542,8 @@ fn calculate_pool_status_as_1_37_counts() {
 /// 1.37's incomplete pool: the `PoolIncomplete:` prefix.
 #[test]
 fn incomplete_pool_is_prefixed_as_1_37_writes_it() {
-    let question = Question {
-        driver: DRIVER,
-        pool_name: None,
-        limit: None,
-    };
     let slices = [slice("s1", DRIVER, "pool-1", 3, 5, 4, Some("node-1"))];
-    let got = answer(question, Counting::V1_37 { rules: &[] }, &slices, &[]);
+    let got = answer_137(&slices, &[], &[]);
     assert_eq!(
         got.pools[0].validation_error.as_deref(),
         Some(

@@ -241,13 +241,13 @@ impl Controller {
             pool_name: spec.pool_name.as_deref(),
             limit: spec.limit,
         };
-        let rules = match self.release {
-            Release::V1_36 => Vec::new(),
-            Release::V1_37 => rules_of(&self.stores.rules.list()),
-        };
+        let rules;
         let counting = match self.release {
             Release::V1_36 => Counting::V1_36,
-            Release::V1_37 => Counting::V1_37 { rules: &rules },
+            Release::V1_37 => {
+                rules = rules_of(&self.stores.rules.list());
+                Counting::V1_37 { rules: &rules }
+            }
         };
         let answer = answer(
             question,
