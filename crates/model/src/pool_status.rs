@@ -17,7 +17,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
+
+mod summaries;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use summaries::{Amount, PoolDevices, PoolUse, summaries};
+pub use summaries::{PartitionType, ShareableCapacity, ShareableSummary};
 
 use crate::device_taints::TaintRule;
 use crate::views::ClaimView;
@@ -107,6 +111,11 @@ pub struct PoolAnswer {
     pub validation_error: Option<String>,
     /// The newest generation lacks slices (what a request may wait for).
     pub incomplete: bool,
+    /// 1.37: the partition types of a complete pool whose devices draw on
+    /// shared counters and name a partition type attribute.
+    pub partition_summary: Option<Vec<PartitionType>>,
+    /// 1.37: the shareable devices of a complete pool that has any.
+    pub shareable_summary: Option<ShareableSummary>,
 }
 
 /// The whole answer: every matching pool counted, the first `limit`
@@ -128,7 +137,7 @@ impl Answer {
 }
 
 #[derive(Default)]
-struct Pool {
+struct Pool<'a> {
     generation: i64,
     slices: i64,
     expected: i64,
@@ -137,6 +146,8 @@ struct Pool {
     unavailable: i64,
     node: Option<String>,
     mixed_nodes: bool,
+    /// The devices and counters the summaries read (1.37's counting only).
+    held: PoolDevices<'a>,
 }
 
 fn truncate_bytes(mut s: String, max: usize) -> String {
@@ -151,12 +162,14 @@ fn truncate_bytes(mut s: String, max: usize) -> String {
 }
 
 /// What a request asks: `driver`, one pool (when given), at most `limit`
-/// pools (`None`: [`DEFAULT_LIMIT`]).
-#[derive(Clone, Copy, Debug)]
+/// pools (`None`: [`DEFAULT_LIMIT`]); 1.37: the partition type attribute
+/// of pools whose driver names none.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Question<'a> {
     pub driver: &'a str,
     pub pool_name: Option<&'a str>,
     pub limit: Option<i32>,
+    pub default_partition_type_attribute: Option<&'a str>,
 }
 
 /// The answer to `question`, counted as `counting` says.
@@ -170,11 +183,12 @@ pub fn answer<'a>(
         driver,
         pool_name,
         limit,
+        default_partition_type_attribute,
     } = question;
     let wanted = |s: &ResourceSlice| {
         s.spec.driver == driver && pool_name.is_none_or(|p| p == s.spec.pool.name)
     };
-    let mut pools: BTreeMap<String, Pool> = BTreeMap::new();
+    let mut pools: BTreeMap<String, Pool<'a>> = BTreeMap::new();
     for slice in slices.clone().into_iter().filter(|s| wanted(s)) {
         let pool = pools.entry(slice.spec.pool.name.clone()).or_default();
         pool.generation = pool.generation.max(slice.spec.pool.generation);
@@ -203,6 +217,13 @@ pub fn answer<'a>(
                     })
             };
             pool.unavailable += devices.iter().filter(|d| tainted(d)).count() as i64;
+            let attribute = s.partition_type_attribute.as_deref();
+            pool.held
+                .devices
+                .extend(devices.iter().map(|d| (d, attribute)));
+            pool.held
+                .shared_counters
+                .extend(s.shared_counters.iter().flatten());
         }
     }
     let results = claims
@@ -210,6 +231,8 @@ pub fn answer<'a>(
         .flat_map(|c| c.status.allocation.iter().flat_map(|a| &a.devices.results))
         .filter(|r| r.driver == driver);
     let mut allocated: BTreeMap<&str, i64> = BTreeMap::new();
+    // 1.37: what the claims hold of each pool, for the summaries.
+    let mut used: BTreeMap<&str, PoolUse<'_>> = BTreeMap::new();
     match counting {
         Counting::V1_36 => {
             for r in results {
@@ -217,17 +240,19 @@ pub fn answer<'a>(
             }
         }
         Counting::V1_37 { .. } => {
-            let mut devices: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
             for r in results.filter(|r| r.admin_access != Some(true)) {
-                devices
-                    .entry(r.pool.as_str())
-                    .or_default()
-                    .insert(r.device.as_str());
+                let pool = used.entry(r.pool.as_str()).or_default();
+                pool.devices.insert(r.device.as_str());
+                for (name, quantity) in &r.consumed_capacity {
+                    let sum = pool.consumed.entry(name.as_str()).or_default();
+                    *sum = sum.add(Amount::parse(&quantity.0));
+                }
             }
-            allocated.extend(devices.into_iter().map(|(p, d)| (p, d.len() as i64)));
+            allocated.extend(used.iter().map(|(p, u)| (*p, u.devices.len() as i64)));
         }
     }
     let count = |n: i64| i32::try_from(n).unwrap_or(i32::MAX);
+    let nothing_used = PoolUse::default();
     let mut answers: Vec<PoolAnswer> = pools
         .into_iter()
         .map(|(name, pool)| {
@@ -251,6 +276,16 @@ pub fn answer<'a>(
                 };
             }
             let taken = allocated.get(name.as_str()).copied().unwrap_or(0);
+            let views = match counting {
+                Counting::V1_36 => Default::default(),
+                Counting::V1_37 { .. } => summaries(
+                    driver,
+                    &name,
+                    &pool.held,
+                    default_partition_type_attribute,
+                    used.get(name.as_str()).unwrap_or(&nothing_used),
+                ),
+            };
             PoolAnswer {
                 driver: driver.to_string(),
                 generation: pool.generation,
@@ -262,8 +297,11 @@ pub fn answer<'a>(
                 // as written.
                 available_devices: Some(count((pool.devices - taken - pool.unavailable).max(0))),
                 unavailable_devices: Some(count(pool.unavailable)),
-                validation_error: None,
+                // A summary's problem is reported beside the counts.
+                validation_error: views.error.map(|e| truncate_bytes(e, MAX_VALIDATION_ERROR)),
                 incomplete: false,
+                partition_summary: views.partitions,
+                shareable_summary: views.shareable,
                 pool_name: name,
             }
         })

@@ -54,6 +54,7 @@ fn answer_136(
         driver,
         pool_name,
         limit,
+        ..Question::default()
     };
     answer(question, Counting::V1_36, slices, claims)
 }
@@ -63,8 +64,7 @@ fn answer_136(
 fn answer_137(slices: &[ResourceSlice], claims: &[ClaimView], rules: &[TaintRule]) -> Answer {
     let question = Question {
         driver: DRIVER,
-        pool_name: None,
-        limit: None,
+        ..Question::default()
     };
     answer(question, Counting::V1_37 { rules }, slices, claims)
 }
@@ -552,4 +552,149 @@ fn incomplete_pool_is_prefixed_as_1_37_writes_it() {
     );
     assert!(got.has_incomplete_pool());
     assert_eq!(got.message, "Calculated status for 1 pools (1 incomplete)");
+}
+
+/// 1.37's `TestCalculatePoolStatus_PartitionSummary`,
+/// `_PoolAttributeBeatsRequestDefault`, `_RequestPartitionAttribute`,
+/// `_ShareableSummary` and `TestSyncRequestWritesStructuralViewError`,
+/// through the whole answer: a counters-only slice beside a devices slice,
+/// claims' consumption summed (admin access skipped), a summary's problem
+/// reported beside the pool's counts.
+#[test]
+fn summaries_in_the_answer_as_1_37_writes_them() {
+    let pool_slice = |name: &str, spec: serde_json::Value| -> ResourceSlice {
+        let mut s = json!({
+            "metadata": {"name": name},
+            "spec": {"driver": DRIVER, "nodeName": "node-1",
+                     "pool": {"name": "pool-1", "generation": 1, "resourceSliceCount": 2}},
+        });
+        for (k, v) in spec.as_object().unwrap() {
+            s["spec"][k] = v.clone();
+        }
+        serde_json::from_value(s).unwrap()
+    };
+    let part = |name: &str, profile: &str, memory: &str| {
+        json!({"name": name, "attributes": {"profile": {"string": profile}},
+               "consumesCounters": [{"counterSet": "gpu-0", "counters": {"memory": {"value": memory}}}]})
+    };
+    let counters = pool_slice(
+        "counters",
+        json!({"sharedCounters": [{"name": "gpu-0", "counters": {"memory": {"value": "80Gi"}}}]}),
+    );
+    let devices = |attribute: Option<&str>| {
+        let mut spec = json!({"devices": [
+            part("full-0", "1g.80gb", "80Gi"), part("half-0", "1g.40gb", "40Gi"),
+            part("half-1", "1g.40gb", "40Gi"),
+            {"name": "shared-0", "allowMultipleAllocations": true, "capacity": {"memory": {"value": "40Gi"}}},
+        ]});
+        if let Some(a) = attribute {
+            spec["partitionTypeAttribute"] = json!(a);
+        }
+        pool_slice("devices", spec)
+    };
+    let ask = |default: Option<&str>, slices: &[ResourceSlice], claims: &[ClaimView]| {
+        let question = Question {
+            driver: DRIVER,
+            default_partition_type_attribute: default,
+            ..Question::default()
+        };
+        let a = answer(question, Counting::V1_37 { rules: &[] }, slices, claims);
+        a.pools.into_iter().next().unwrap()
+    };
+    let claims = [
+        claim_with(
+            json!([{"request": "r", "driver": DRIVER, "pool": "pool-1", "device": "half-0"}]),
+        ),
+        claim_with(
+            json!([{"request": "r", "driver": DRIVER, "pool": "pool-1", "device": "shared-0",
+                           "shareID": "a", "consumedCapacity": {"memory": "10Gi"}}]),
+        ),
+        claim_with(
+            json!([{"request": "r", "driver": DRIVER, "pool": "pool-1", "device": "shared-0",
+                           "shareID": "b", "consumedCapacity": {"memory": "6Gi"}}]),
+        ),
+        claim_with(
+            json!([{"request": "r", "driver": DRIVER, "pool": "pool-1", "device": "full-0",
+                           "adminAccess": true}]),
+        ),
+    ];
+    let rows = |p: &PoolAnswer| -> Vec<(String, String, i32, i32)> {
+        p.partition_summary
+            .iter()
+            .flatten()
+            .map(|t| (t.attribute.clone(), t.type_.clone(), t.total, t.allocatable))
+            .collect()
+    };
+    let profile = "test.example.com/profile";
+    let want = vec![
+        (profile.to_string(), "1g.40gb".to_string(), 2, 1),
+        (profile.to_string(), "1g.80gb".to_string(), 1, 0),
+    ];
+
+    // _PartitionSummary: the slice names the attribute.
+    let slices = [counters.clone(), devices(Some(profile))];
+    let pool = ask(None, &slices, &claims);
+    assert_eq!(pool.resource_slice_count, Some(2));
+    assert_eq!(
+        (pool.total_devices, pool.allocated_devices),
+        (Some(4), Some(2))
+    );
+    assert_eq!(rows(&pool), want);
+    assert_eq!(pool.validation_error, None);
+    // _ShareableSummary: both shares summed, the admin result skipped.
+    let shared = pool.shareable_summary.unwrap();
+    assert_eq!((shared.fully_available, shared.partially_available), (0, 1));
+    let memory = &shared.capacity[0];
+    assert_eq!(
+        (
+            &*memory.name,
+            &*memory.total,
+            &*memory.consumed,
+            &*memory.available
+        ),
+        ("memory", "40Gi", "16Gi", "24Gi")
+    );
+
+    // _RequestPartitionAttribute: the request's default fills in.
+    let plain = [counters.clone(), devices(None)];
+    assert_eq!(rows(&ask(Some(profile), &plain, &claims)), want);
+    assert_eq!(rows(&ask(None, &plain, &claims)), Vec::new());
+    // _PoolAttributeBeatsRequestDefault
+    let other = "test.example.com/other";
+    assert_eq!(rows(&ask(Some(other), &slices, &claims)), want);
+
+    // WritesStructuralViewError: an attribute without counters is reported
+    // on a complete pool that keeps its counts; the answer is written.
+    let lone = [pool_slice(
+        "devices",
+        json!({"pool": {"name": "pool-1", "generation": 1, "resourceSliceCount": 1},
+               "partitionTypeAttribute": profile, "devices": [part("full-0", "1g.80gb", "80Gi")]}),
+    )];
+    let question = Question {
+        driver: DRIVER,
+        ..Question::default()
+    };
+    let whole = answer(question, Counting::V1_37 { rules: &[] }, &lone, &[]);
+    let pool = &whole.pools[0];
+    assert!(
+        pool.validation_error
+            .as_deref()
+            .unwrap()
+            .starts_with("PartitionTypeMissing: pool test.example.com/pool-1 declares")
+    );
+    assert_eq!(pool.total_devices, Some(1));
+    assert_eq!(pool.partition_summary, None);
+    assert_eq!(when_to_reply(&whole, None, Timestamp::now()), Reply::Write);
+    assert_eq!(
+        whole.message,
+        "Calculated status for 1 pools (1 incomplete)"
+    );
+    // 1.36 writes no summaries.
+    let pool = answer_136(DRIVER, None, None, &slices, &claims)
+        .pools
+        .remove(0);
+    assert_eq!(
+        (pool.partition_summary, pool.shareable_summary),
+        (None, None)
+    );
 }

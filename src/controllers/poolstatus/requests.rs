@@ -23,8 +23,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1alpha3::{
-    PoolStatus, ResourcePoolStatusRequest, ResourcePoolStatusRequestStatus,
+    PartitionTypeStatus, PoolStatus, ResourcePoolStatusRequest, ResourcePoolStatusRequestStatus,
+    ShareableCapacityStatus, ShareableSummaryStatus,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -240,6 +242,7 @@ impl Controller {
             driver: &spec.driver,
             pool_name: spec.pool_name.as_deref(),
             limit: spec.limit,
+            default_partition_type_attribute: spec.default_partition_type_attribute.as_deref(),
         };
         let rules;
         let counting = match self.release {
@@ -380,7 +383,36 @@ fn pool_status(pool: &PoolAnswer) -> PoolStatus {
         available_devices: pool.available_devices,
         unavailable_devices: pool.unavailable_devices,
         validation_error: pool.validation_error.clone(),
-        ..PoolStatus::default()
+        partition_summary: pool.partition_summary.as_ref().map(|types| {
+            types
+                .iter()
+                .map(|t| PartitionTypeStatus {
+                    attribute: t.attribute.clone(),
+                    type_: t.type_.clone(),
+                    total: t.total,
+                    allocatable: t.allocatable,
+                })
+                .collect()
+        }),
+        shareable_summary: pool
+            .shareable_summary
+            .as_ref()
+            .map(|s| ShareableSummaryStatus {
+                fully_available_devices: s.fully_available,
+                partially_available_devices: s.partially_available,
+                // An empty list is left out, as the API writes it.
+                capacity: (!s.capacity.is_empty()).then(|| {
+                    s.capacity
+                        .iter()
+                        .map(|c| ShareableCapacityStatus {
+                            name: c.name.clone(),
+                            total: Quantity(c.total.clone()),
+                            consumed: Quantity(c.consumed.clone()),
+                            available: Quantity(c.available.clone()),
+                        })
+                        .collect()
+                }),
+            }),
     }
 }
 

@@ -6,7 +6,7 @@ use std::fmt;
 
 /// A quantity in billionths (nano units): exact for every suffix the API
 /// accepts from "n" to "Ei", with room to spare in an `i128`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Quantity {
     nanos: i128,
 }
@@ -127,6 +127,92 @@ impl Quantity {
     }
 }
 
+/// How a quantity is written back (the API's formats): the suffix family
+/// of the text it was read from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Format {
+    /// "Ki", "Mi", ... ("40Gi").
+    BinarySi,
+    /// "m", "", "k", "M", ... ("500m", "8").
+    #[default]
+    DecimalSi,
+    /// "e3", "E-2".
+    DecimalExponent,
+}
+
+impl Format {
+    /// The format of a quantity's text, as the API server infers it.
+    pub fn of(text: &str) -> Format {
+        let suffix = text.trim().trim_start_matches(['-', '+']);
+        let suffix = suffix.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
+        if suffix.ends_with('i') {
+            Format::BinarySi
+        } else if suffix.len() > 1 && suffix.starts_with(['e', 'E']) {
+            // "E" alone is the exa suffix.
+            Format::DecimalExponent
+        } else {
+            Format::DecimalSi
+        }
+    }
+}
+
+impl Quantity {
+    /// The quantity's canonical text in `format`, as the API server writes
+    /// it: an integer with the largest suffix that keeps it exact ("40Gi",
+    /// "1500", "2k", "500m", "0"). A binary quantity below 1024, or not a
+    /// whole number, is written in decimal, as there.
+    pub fn canonical(&self, format: Format) -> String {
+        if self.nanos == 0 {
+            return "0".to_string();
+        }
+        if format == Format::BinarySi
+            && self.nanos.abs() >= 1024 * NANOS_PER_UNIT
+            && self.is_integer()
+        {
+            let mut amount = self.nanos / NANOS_PER_UNIT;
+            let mut power = 0;
+            while power < 6 && amount % 1024 == 0 {
+                amount /= 1024;
+                power += 1;
+            }
+            let suffix = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"][power];
+            return format!("{amount}{suffix}");
+        }
+        // Decimal: the mantissa without trailing zeros, its exponent then
+        // lowered to a multiple of three.
+        let mut amount = self.nanos;
+        let mut exponent: i32 = -9;
+        while amount % 10 == 0 {
+            amount /= 10;
+            exponent += 1;
+        }
+        while exponent.rem_euclid(3) != 0 || exponent > 18 {
+            amount *= 10;
+            exponent -= 1;
+        }
+        if format == Format::DecimalExponent {
+            return if exponent == 0 {
+                format!("{amount}")
+            } else {
+                format!("{amount}e{exponent}")
+            };
+        }
+        let suffix = match exponent {
+            -9 => "n",
+            -6 => "u",
+            -3 => "m",
+            3 => "k",
+            6 => "M",
+            9 => "G",
+            12 => "T",
+            15 => "P",
+            18 => "E",
+            _ => "",
+        };
+        format!("{amount}{suffix}")
+    }
+}
+
 impl fmt::Display for Quantity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_integer() {
@@ -154,6 +240,35 @@ mod tests {
         assert_eq!(q("40Gi").as_integer(), Some(40 << 30));
         assert_eq!(q("500m").as_integer(), None);
         assert_eq!(q("1Ei").as_integer(), Some(1 << 60));
+    }
+
+    #[test]
+    fn canonical_text_is_the_api_servers() {
+        let canonical = |s: &str| Quantity::parse(s).unwrap().canonical(Format::of(s));
+        for (text, want) in [
+            ("40Gi", "40Gi"),
+            ("42949672960", "42949672960"),
+            ("1024Mi", "1Gi"),
+            ("1536", "1536"),
+            ("1500", "1500"),
+            ("2000", "2k"),
+            ("0.5", "500m"),
+            ("1.5Gi", "1536Mi"),
+            ("512Ki", "512Ki"),
+            ("0.5Ki", "512"),
+            ("100m", "100m"),
+            ("0Gi", "0"),
+            ("8", "8"),
+            ("2e3", "2e3"),
+            ("1E-2", "10e-3"),
+            ("12e0", "12"),
+            ("1000k", "1M"),
+        ] {
+            assert_eq!(canonical(text), want, "{text}");
+        }
+        assert_eq!(Format::of("40Gi"), Format::BinarySi);
+        assert_eq!(Format::of("-1e3"), Format::DecimalExponent);
+        assert_eq!(Format::of("1E"), Format::DecimalSi);
     }
 
     #[test]

@@ -78,6 +78,11 @@ pub struct AllocatedDevice {
     /// eviction of `NoExecute` taints reads).
     #[serde(default, deserialize_with = "null_as_default")]
     pub tolerations: Vec<k8s_openapi::api::resource::v1::DeviceToleration>,
+    /// What a share of a device took of its capacities (what 1.37's pool
+    /// status requests sum); empty for whole devices.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub consumed_capacity:
+        BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
 }
 
 /// `status.reservedFor`, typed for decisions and kept as read for the
