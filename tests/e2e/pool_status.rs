@@ -404,3 +404,126 @@ async fn differential_pool_status_requests() {
     drop(reference);
     t.finish();
 }
+
+/// An answer the API server refuses as invalid (here an admission policy
+/// allowing one pool per answer) ends the request with a `Failed`
+/// condition that quotes the refusal, where its author looks; an answer
+/// the policy allows is written as always. kube-controller-manager would
+/// retry six times, then leave the request pending until it expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_the_api_server_refuses_ends_failed_with_the_reason() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    const NAME: &str = "an_answer_the_api_server_refuses_ends_failed_with_the_reason";
+    let opts = ControllerOpts {
+        feature_gates: gates(),
+        ..ControllerOpts::default()
+    };
+    let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &apiserver()).await else {
+        return;
+    };
+    let policy = json!({
+        "metadata": {"name": "one-pool-per-answer"},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1alpha3"],
+                "operations": ["UPDATE"], "resources": ["resourcepoolstatusrequests/status"],
+            }]},
+            "validations": [{
+                "expression": "!has(object.status) || !has(object.status.pools) || size(object.status.pools) <= 1",
+                "message": "an answer may report one pool at most",
+                "reason": "Invalid",
+            }],
+        },
+    });
+    let binding = json!({
+        "metadata": {"name": "one-pool-per-answer"},
+        "spec": {"policyName": "one-pool-per-answer", "validationActions": ["Deny"]},
+    });
+    Api::<ValidatingAdmissionPolicy>::all(t.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(policy).unwrap(),
+        )
+        .await
+        .expect("create the admission policy");
+    Api::<ValidatingAdmissionPolicyBinding>::all(t.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(binding).unwrap(),
+        )
+        .await
+        .expect("create its binding");
+    publish(&t, "pool-a", (DRIVER, "pool-a"), (1, 1), NODE, 2).await;
+    publish(&t, "pool-b", (DRIVER, "pool-b"), (1, 1), NODE, 3).await;
+
+    // The policy is in force once a two-pool status is refused (the API
+    // server loads policies a moment after they are created).
+    ask(&t, "probe", json!({"driver": DRIVER})).await;
+    wait_for(
+        "the policy to refuse a two-pool status",
+        TIMEOUT,
+        async || {
+            let mut probe = requests(&t).get("probe").await?;
+            probe.status = serde_json::from_value(json!({"poolCount": 2, "pools": [
+            {"driver": DRIVER, "poolName": "pool-a", "generation": 1},
+            {"driver": DRIVER, "poolName": "pool-b", "generation": 1}]}))?;
+            match requests(&t)
+                .replace_status("probe", &PostParams::default(), &probe)
+                .await
+            {
+                Err(kube::Error::Api(s)) if s.code == 422 => Ok(()),
+                other => anyhow::bail!("not refused yet: {:?}", other.map(|_| ())),
+            }
+        },
+    )
+    .await;
+    requests(&t)
+        .delete("probe", &Default::default())
+        .await
+        .expect("delete the probe");
+
+    ask(&t, "all", json!({"driver": DRIVER})).await;
+    ask(
+        &t,
+        "only-b",
+        json!({"driver": DRIVER, "poolName": "pool-b"}),
+    )
+    .await;
+    if !crate::podgroups::start_with_gate_rbac(&mut t, NAME, &gates()).await {
+        return;
+    }
+    let refused = wait_answered(&t, "all").await;
+    assert_eq!(refused["poolCount"], json!(0), "{refused}");
+    assert_eq!(refused.get("pools"), None, "{refused}");
+    let condition = &refused["conditions"][0];
+    assert_eq!(
+        (&condition["type"], &condition["reason"]),
+        (&json!("Failed"), &json!("CalculationFailed")),
+        "{refused}"
+    );
+    let message = condition["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("The API server refused the calculated status: ")
+            && message.contains("an answer may report one pool at most"),
+        "{message}"
+    );
+    assert_eq!(
+        wait_answered(&t, "only-b").await["conditions"],
+        complete("Calculated status for 1 pools")
+    );
+    // Both writes of the refused request count, the refused one as an error.
+    let metrics = t.controller().metrics_text().await.unwrap();
+    for line in [
+        "resourcepoolstatusrequest_controller_requests_processed_total{driver_name=\"pools.example.com\"} 3",
+        "resourcepoolstatusrequest_controller_request_processing_errors_total{driver_name=\"pools.example.com\"} 1",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "missing {line:?} in the metrics"
+        );
+    }
+    t.finish();
+}

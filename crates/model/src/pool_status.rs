@@ -62,6 +62,22 @@ const INCOMPLETE_RECHECK: Duration = Duration::from_secs(2);
 
 /// The reason of the `Complete` condition.
 pub const COMPLETE_REASON: &str = "CalculationComplete";
+/// The reason of the `Failed` condition.
+pub const FAILED_REASON: &str = "CalculationFailed";
+/// A refusal quoted in a `Failed` condition is cut to this many bytes.
+const MAX_REFUSAL: usize = 1024;
+
+/// The `Failed` condition's message when the API server refused to store
+/// an answer as invalid (a 422, e.g. an admission policy): written instead
+/// of the answer, so the request ends with the reason where its author
+/// looks, not pending until it expires. kube-controller-manager retries
+/// such a request six times and then drops it unanswered.
+pub fn refused_message(refusal: &str) -> String {
+    truncate_bytes(
+        format!("The API server refused the calculated status: {refusal}"),
+        MAX_REFUSAL,
+    )
+}
 
 /// Whether to write the answer now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

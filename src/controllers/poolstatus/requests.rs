@@ -7,13 +7,14 @@
 //! every 10 minutes, each with a UID precondition.
 //!
 //! The counting is that of the release acted as (1.37 counts each device
-//! once, skips admin access, and counts tainted devices unavailable); the
-//! summaries 1.37 adds for partitionable and shareable devices are not
-//! written.
+//! once, skips admin access, counts tainted devices unavailable, and adds
+//! summaries of partitionable and shareable devices).
 //!
 //! Beyond upstream: a request whose answer holds an incomplete pool waits
 //! up to 30 s for the driver to publish the rest, then is answered with the
-//! pool's `validationError` (upstream drops such requests unanswered).
+//! pool's `validationError` (upstream drops such requests unanswered); an
+//! answer the API server refuses as invalid is replaced by a `Failed`
+//! condition quoting the refusal (upstream drops the request).
 //!
 //! Its one watch, of the requests, starts only when discovery finds the API
 //! served; slices and claims come from the process's shared stores.
@@ -37,8 +38,8 @@ use super::request_metrics::RequestMetrics;
 use crate::model::device_taints::rules_of;
 use crate::model::features::Release;
 use crate::model::pool_status::{
-    Answer, COMPLETE_REASON, Counting, PoolAnswer, Question, Reply, answer, answered_at,
-    should_delete, when_to_reply,
+    Answer, COMPLETE_REASON, Counting, FAILED_REASON, PoolAnswer, Question, Reply, answer,
+    answered_at, refused_message, should_delete, when_to_reply,
 };
 use crate::model::views::ClaimView;
 use crate::runtime::error::{SyncError, kube_err};
@@ -270,17 +271,19 @@ impl Controller {
         }
         let mut answered = (*request).clone();
         answered.status = Some(status_of(&answer, now));
-        // No field manager named, as upstream: the API server takes the
-        // client's user agent (an update owns no fields against appliers).
-        let written = self
-            .api
-            .replace_status(name, &PostParams::default(), &answered)
-            .await;
-        self.metrics.processed(
-            &spec.driver,
-            started.elapsed().as_secs_f64(),
-            written.is_err(),
-        );
+        let mut written = self.write_status(&answered, started).await;
+        if let Err(kube::Error::Api(refusal)) = &written
+            && refusal.code == 422
+        {
+            // Refused as invalid: asking again would be refused again.
+            warn!(
+                driver = %spec.driver,
+                refusal = %refusal.message,
+                "the API server refused the answer; writing a Failed condition instead"
+            );
+            answered.status = Some(failed_status(&refused_message(&refusal.message), now));
+            written = self.write_status(&answered, started).await;
+        }
         written.map_err(kube_err(format_args!(
             "writing the status of ResourcePoolStatusRequest {name}"
         )))?;
@@ -292,6 +295,28 @@ impl Controller {
             "answered"
         );
         Ok(None)
+    }
+
+    /// Writes a request's status (counted in the request metrics, as
+    /// upstream counts each `UpdateStatus`). No field manager is named, as
+    /// upstream: the API server takes the client's user agent (an update
+    /// owns no fields against appliers).
+    async fn write_status(
+        &self,
+        request: &ResourcePoolStatusRequest,
+        started: Instant,
+    ) -> kube::Result<ResourcePoolStatusRequest> {
+        let name = request.metadata.name.as_deref().unwrap_or_default();
+        let written = self
+            .api
+            .replace_status(name, &PostParams::default(), request)
+            .await;
+        self.metrics.processed(
+            &request.spec.driver,
+            started.elapsed().as_secs_f64(),
+            written.is_err(),
+        );
+        written
     }
 
     /// Deletes the requests whose time is up, [`CLEANUP_BATCH`] at a time
@@ -359,15 +384,33 @@ fn status_of(answer: &Answer, now: Timestamp) -> ResourcePoolStatusRequestStatus
     ResourcePoolStatusRequestStatus {
         pool_count: answer.pool_count,
         pools: (!pools.is_empty()).then_some(pools),
-        conditions: Some(vec![Condition {
-            type_: "Complete".into(),
-            status: "True".into(),
-            reason: COMPLETE_REASON.into(),
-            message: answer.message.clone(),
-            // The API keeps whole seconds, cut as Kubernetes cuts them.
-            last_transition_time: Time(Timestamp::from_second(now.as_second()).unwrap_or(now)),
-            observed_generation: None,
-        }]),
+        conditions: Some(vec![condition(
+            "Complete",
+            COMPLETE_REASON,
+            &answer.message,
+            now,
+        )]),
+    }
+}
+
+/// A status saying the answer could not be given, as upstream's `Failed`.
+fn failed_status(message: &str, now: Timestamp) -> ResourcePoolStatusRequestStatus {
+    ResourcePoolStatusRequestStatus {
+        pool_count: 0,
+        pools: None,
+        conditions: Some(vec![condition("Failed", FAILED_REASON, message, now)]),
+    }
+}
+
+fn condition(type_: &str, reason: &str, message: &str, now: Timestamp) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: "True".into(),
+        reason: reason.into(),
+        message: message.into(),
+        // The API keeps whole seconds, cut as Kubernetes cuts them.
+        last_transition_time: Time(Timestamp::from_second(now.as_second()).unwrap_or(now)),
+        observed_generation: None,
     }
 }
 
