@@ -107,8 +107,8 @@ pub(super) struct PoolDevices<'a> {
     /// Every device of the newest generation, with its own slice's
     /// `partitionTypeAttribute`.
     pub(super) devices: Vec<(&'a Device, Option<&'a str>)>,
-    /// The shared counter sets of all those slices (a later set of the same
-    /// name replaces an earlier one).
+    /// The shared counter sets of all those slices (a counter a later set
+    /// of the same name repeats takes the later value).
     pub(super) shared_counters: Vec<&'a CounterSet>,
 }
 
