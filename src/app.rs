@@ -229,6 +229,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             HeadroomStores {
                 devices: device_watches.stores().clone(),
                 claims: controller.caches().claims.clone(),
+                claim_pods: controller.caches().pods.clone(),
                 synced: synced.clone(),
             },
             &identity,

@@ -59,6 +59,9 @@ pub struct Settings {
 pub struct Stores {
     pub devices: DeviceStores,
     pub claims: Arc<Store<ClaimView>>,
+    /// The claim controller's pods (those with claims): a pod headroom
+    /// keeps too is held once, shared.
+    pub claim_pods: Arc<Store<PodView>>,
     pub synced: WatchesSynced,
 }
 
@@ -147,6 +150,8 @@ pub struct Controller {
     /// hold a node, wait for devices, or are placeholders (see
     /// `watches::keeps`).
     pub(super) pods: Store<PodView>,
+    /// The claim controller's pods, whose copies `pods` shares.
+    pub(super) claim_pods: Arc<Store<PodView>>,
     /// The process's slices, classes and nodes.
     pub(super) devices: DeviceStores,
     /// The claim controller's claim store.
@@ -247,6 +252,7 @@ impl Controller {
             leading: AtomicBool::new(false),
             watermarks: Store::new(Vec::new()),
             pods: Store::new(Vec::new()),
+            claim_pods: stores.claim_pods,
             devices: stores.devices,
             claims: stores.claims,
             synced: stores.synced,

@@ -38,6 +38,7 @@ fn controller() -> (Arc<Controller>, Handle) {
         Stores {
             devices: DeviceStores::default(),
             claims: Arc::new(Store::new(Vec::new())),
+            claim_pods: Arc::new(Store::new(Vec::new())),
             synced: WatchesSynced::default(),
         },
         "test",

@@ -211,6 +211,31 @@ impl<K: kube::Resource + Send + Sync> Handler<K> for Kept<'_, K> {
     }
 }
 
+impl Controller {
+    /// `pod` to keep: the claim controller's copy of this very version
+    /// when it holds one (it handles each pod event first), so that a pod
+    /// both keep is held once. Its copy differs from the event only in what
+    /// the claim controller remembers of the pod's past (and a recorded
+    /// extended-resource claim a later write dropped): such a copy is not
+    /// shared.
+    fn shared(&self, pod: PodView) -> Arc<PodView> {
+        match self
+            .claim_pods
+            .get(&object_key(pod.namespace(), pod.name()))
+        {
+            Some(cached) if same_version(&cached, &pod) => cached,
+            _ => Arc::new(pod),
+        }
+    }
+}
+
+fn same_version(cached: &PodView, seen: &PodView) -> bool {
+    cached.uid() == seen.uid()
+        && cached.metadata.resource_version == seen.metadata.resource_version
+        && cached.status.extended_resource_claim_status.is_some()
+            == seen.status.extended_resource_claim_status.is_some()
+}
+
 /// Headroom's share of the process's pod watch.
 impl Handler<PodView> for Controller {
     fn admit(&self, pod: PodView) -> Option<PodView> {
@@ -219,7 +244,7 @@ impl Handler<PodView> for Controller {
     fn relisted(&self, pods: Vec<PodView>) {
         let entries = pods
             .into_iter()
-            .map(|p| (object_key(p.namespace(), p.name()), Arc::new(p)))
+            .map(|p| (object_key(p.namespace(), p.name()), self.shared(p)))
             .collect();
         self.pods.replace(entries);
         self.enqueue_all();
@@ -240,8 +265,9 @@ impl Handler<PodView> for Controller {
         let key = object_key(pod.namespace(), pod.name());
         let waits =
             self.yield_enabled && super::usage::waits_for_devices(&pod, PLACEHOLDER_PRIORITY);
+        let pod = self.shared(pod);
         let old = if keeps(&pod) {
-            self.pods.apply(key.clone(), Arc::new(pod.clone()))
+            self.pods.apply(key.clone(), pod.clone())
         } else {
             self.pods.delete(&key)
         };
@@ -279,3 +305,34 @@ macro_rules! requeue_all_on_change {
 }
 
 requeue_all_on_change!(ClaimView, ResourceSlice, DeviceClass, NodeView);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(rv: &str, extended: bool) -> PodView {
+        let mut status = json!({"phase": "Pending"});
+        if extended {
+            status["extendedResourceClaimStatus"] =
+                json!({"resourceClaimName": "ext", "requestMappings": []});
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": rv},
+            "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    /// The claim controller's copy is shared for the version the event
+    /// carries, not for another version, nor where it kept an
+    /// extended-resource claim the event dropped.
+    #[test]
+    fn only_the_same_version_is_shared() {
+        assert!(same_version(&pod("5", false), &pod("5", false)));
+        assert!(same_version(&pod("5", true), &pod("5", true)));
+        assert!(!same_version(&pod("4", false), &pod("5", false)));
+        assert!(!same_version(&pod("5", true), &pod("5", false)));
+    }
+}
