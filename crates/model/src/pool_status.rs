@@ -17,14 +17,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
-
-mod summaries;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use summaries::{Amount, PoolDevices, PoolUse, summaries};
 pub use summaries::{PartitionType, ShareableCapacity, ShareableSummary};
 
 use crate::device_taints::TaintRule;
 use crate::views::ClaimView;
+
+mod summaries;
 
 /// How devices are counted: as kube-controller-manager 1.36 or 1.37 counts.
 #[derive(Clone, Copy, Debug)]
@@ -269,8 +269,13 @@ pub fn answer<'a>(
     }
     let count = |n: i64| i32::try_from(n).unwrap_or(i32::MAX);
     let nothing_used = PoolUse::default();
-    let mut answers: Vec<PoolAnswer> = pools
+    // One driver: by pool name, in byte order (the map's). Every matching
+    // pool is counted; only the first `limit` are answered (and summarised).
+    let pool_count = count(pools.len() as i64);
+    let limit = usize::try_from(limit.unwrap_or(DEFAULT_LIMIT).max(0)).unwrap_or(0);
+    let answers: Vec<PoolAnswer> = pools
         .into_iter()
+        .take(limit)
         .map(|(name, pool)| {
             let node_name = pool.node.filter(|n| !n.is_empty() && !pool.mixed_nodes);
             if pool.slices < pool.expected {
@@ -322,10 +327,6 @@ pub fn answer<'a>(
             }
         })
         .collect();
-    // One driver: by pool name, in byte order (the map's).
-    let pool_count = count(answers.len() as i64);
-    let limit = usize::try_from(limit.unwrap_or(DEFAULT_LIMIT).max(0)).unwrap_or(0);
-    answers.truncate(limit);
     let incomplete = answers
         .iter()
         .filter(|p| p.validation_error.is_some())
