@@ -29,15 +29,14 @@ use crate::runtime::shared::WatchesSynced;
 use crate::runtime::startup::{PER_TRY_DEADLINE, StartupRead, read_until_answered};
 use watches::{DeviceObservers, DeviceWatches, Kinds};
 
-pub(crate) mod rooms;
 mod startup_reads;
 pub(crate) mod watches;
 use crate::runtime::client::{ClientOptions, build_client};
+use crate::runtime::controller::Lead;
 use crate::runtime::delegated::Gate;
 use crate::runtime::http::{Health, MetricsAccess, start_servers};
 use crate::runtime::leader::{LeaderElection, LeaderElectionOptions};
 use crate::runtime::tls::{CertFiles, CertSource, server_config};
-use rooms::Room;
 pub use startup_reads::minor_version;
 use startup_reads::{StartupReads, reference_release, register_release_gauge, startup_reads};
 
@@ -209,7 +208,6 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             device_observers.slices.push(allocator.clone() as _);
             device_observers.classes.push(allocator.clone() as _);
             device_observers.nodes.push(allocator.clone() as _);
-            tokio::spawn(allocator.clone().run_resync(args.min_resync_period.0));
             Some(allocator)
         }
         _ => None,
@@ -340,7 +338,6 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         .map(|h| h.clone() as Arc<dyn Handler<PodView>>)
         .collect();
     tokio::spawn(controller.clone().run_watches(also_pods));
-    tokio::spawn(controller.clone().run_resync(args.min_resync_period.0));
     tokio::spawn(controller.clone().run_reachability_probe());
     {
         let (controller, watches, synced) =
@@ -437,34 +434,28 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    // Every room alike: lead, work, and on the way out no new work, then
-    // the requests in flight.
-    let mut rooms: Vec<Box<dyn Room>> = vec![Box::new(rooms::Claims {
-        controller: controller.clone(),
-        workers: args.concurrent_syncs as usize,
-    })];
+    // Every controller alike, run by the runtime: lead, work, and on the
+    // way out no new work, then the requests in flight.
+    let mut rooms: Vec<Box<dyn Lead>> = vec![Box::new(
+        controller.run(args.concurrent_syncs as usize, args.min_resync_period.0),
+    )];
     if let Some(allocator) = &allocator {
-        rooms.push(Box::new(allocator.clone()));
+        rooms.push(Box::new(allocator.run(args.min_resync_period.0)));
     }
     if let Some(headroom) = &headroom {
-        rooms.push(Box::new(headroom.clone()));
+        rooms.push(Box::new(headroom.run()));
     }
     if let Some(eviction) = &device_taints {
-        rooms.push(Box::new(eviction.clone()));
+        rooms.push(Box::new(eviction.run()));
     }
     if let Some(requests) = &pool_status_requests {
-        rooms.push(Box::new(requests.clone()));
+        rooms.push(Box::new(requests.run()));
     }
-    let workers: Vec<tokio::task::JoinHandle<()>> = rooms
-        .iter()
-        .map(|room| {
-            room.start_leading();
-            tokio::spawn(room.run_workers())
-        })
-        .collect();
+    let workers: Vec<tokio::task::JoinHandle<()>> =
+        rooms.iter().map(|room| tokio::spawn(room.lead())).collect();
     let abort_workers =
         |workers: &[tokio::task::JoinHandle<()>]| workers.iter().for_each(|w| w.abort());
-    let shut_queues = || rooms.iter().for_each(|room| room.shut_queue());
+    let shut_queues = || rooms.iter().for_each(|room| room.stop_taking_work());
 
     tokio::select! {
         reason = &mut lost => {
@@ -488,7 +479,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     // unreachable API server.
     shut_queues();
     drain.start();
-    let in_flight = futures::future::join_all(rooms.iter().map(|room| room.shut_down()));
+    let in_flight = futures::future::join_all(rooms.iter().map(|room| room.finish_in_flight()));
     tokio::select! {
         finished = tokio::time::timeout(args.shutdown_timeout.0, in_flight) => {
             if finished.is_err() {

@@ -8,9 +8,12 @@
 //! retried instead of fatal ([`startup`]), Lease election ([`leader`]),
 //! and the HTTP endpoints with their exposition ([`http`], [`exposition`]),
 //! their certificate ([`tls`]) and who may read them ([`delegated`]); client-go's
-//! work queue with its metrics ([`workqueue`]).
+//! work queue with its metrics ([`workqueue`]), and the one controller shape
+//! every controller runs on ([`controller`]: a reconciler of typed keys, its
+//! workers, leader gate, retries, resync and shut-down).
 
 pub mod client;
+pub mod controller;
 pub mod delegated;
 pub mod duration;
 pub mod error;

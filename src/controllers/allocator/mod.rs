@@ -2,8 +2,8 @@
 //! the claims of pods that bypassed kube-scheduler onto nodes the admin
 //! handed to us. A controller of its own, beside the claim controller:
 //!
-//! - `mod.rs`: the [`Controller`] (its queue with **one** worker,
-//!   leadership) and the worker loop;
+//! - `mod.rs`: the [`Controller`] (its queue, run by the runtime with
+//!   **one** worker) and the sync of one pod;
 //! - `watches.rs`: what ResourceSlice, DeviceClass, Node, pod and claim
 //!   changes do (it observes the process's stores; it watches nothing);
 //! - `decide.rs`: which claims of a pod to allocate (pure);
@@ -22,21 +22,19 @@ pub(crate) mod state;
 mod watches;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tracing::{Instrument, debug, info, info_span};
+use tracing::{Span, debug, info, info_span};
 
 use crate::model::features::FeatureGates;
 use crate::model::selector::LabelSelector;
 use crate::model::views::{ClaimView, DeviceStores, NodeView, PodGroupView, PodView};
+use crate::runtime::controller::{Action, Controller as Run, Queue, Reconciler, Sweep, Wake};
 use crate::runtime::error::SyncError;
 use crate::runtime::events::EventRecorder;
 use crate::runtime::reachability::Reachability;
-use crate::runtime::retry::requeue;
 use crate::runtime::shared::WatchesSynced;
 use crate::runtime::store::{Store, object_key};
-use crate::workqueue::WorkQueue;
 use attempt::{Attempt, Wanted, allocate_for_pod, wake_kubelet};
 use decide::{Lookup, claims_to_allocate};
 use metrics::AllocatorMetrics;
@@ -48,6 +46,11 @@ pub(crate) const QUEUE_NAME: &str = "dra_allocator";
 /// How often a pod waiting for devices is looked at again when nothing
 /// woke it (slice, class and claim changes do).
 pub(crate) const RECHECK_WAITING: Duration = Duration::from_secs(60);
+
+/// Why a pod is queued (the `reason` of its span).
+const NEEDS_DEVICES: &str = "its claims need devices";
+const WAITING_WOKEN: &str = "devices changed where it waits";
+const RELISTED: &str = "a watch listed again";
 
 /// What the claim controller shares with the allocator.
 pub struct SharedStores {
@@ -78,9 +81,8 @@ pub struct Context {
 /// (`namespace/name`), one worker.
 pub struct Controller {
     ctx: Context,
-    queue: WorkQueue<String>,
     /// Only the leader enqueues.
-    leading: AtomicBool,
+    queue: Queue<String, &'static str>,
     synced: WatchesSynced,
 }
 
@@ -112,44 +114,43 @@ impl Controller {
                 metrics: AllocatorMetrics::register(registry)?,
                 reachability,
             },
-            queue: WorkQueue::new(QUEUE_NAME, Some(registry)),
-            leading: AtomicBool::new(false),
+            queue: Queue::new(QUEUE_NAME, Some(registry)),
             synced: stores.synced,
         }))
     }
 
-    pub fn queue(&self) -> &WorkQueue<String> {
-        &self.queue
+    /// This controller as the runtime runs it: one worker (attempts never
+    /// overlap, so each sees the writes of the one before), a jittered
+    /// resync from `min_resync_period`.
+    pub fn run(self: &Arc<Self>, min_resync_period: Duration) -> Run<Self> {
+        Run::new(
+            self.clone(),
+            self.queue.clone(),
+            self.ctx.reachability.clone(),
+        )
+        .resync_every(min_resync_period)
     }
 
     pub fn is_synced(&self) -> bool {
         self.synced.is_synced()
     }
 
-    fn enqueue(&self, keys: impl IntoIterator<Item = String>) {
-        if !self.leading.load(Ordering::Acquire) {
+    fn enqueue(&self, keys: impl IntoIterator<Item = String>, why: &'static str) {
+        if !self.queue.is_leading() {
             return;
         }
         for key in keys {
-            debug!(pod = %key, "enqueue for allocation");
-            self.queue.add(key);
+            debug!(pod = %key, reason = why, "enqueue for allocation");
+            self.queue.add(key, why);
         }
-    }
-
-    /// Called when this replica becomes leader: from now on events enqueue
-    /// work, and every pod that needs an allocation now is queued.
-    pub(crate) fn start_leading(&self) {
-        self.leading.store(true, Ordering::Release);
-        let queued = self.sweep();
-        info!(
-            pods = queued,
-            "allocator leading: queued the pods whose claims need devices"
-        );
     }
 
     /// Queues every cached pod whose claims need allocating; returns how
     /// many.
-    fn sweep(&self) -> usize {
+    fn queue_needing(&self, why: Wake<&'static str>) -> usize {
+        if !self.queue.is_leading() {
+            return 0;
+        }
         let keys: Vec<String> = self
             .ctx
             .pods
@@ -159,35 +160,10 @@ impl Controller {
             .map(|pod| object_key(pod.namespace(), pod.name()))
             .collect();
         let queued = keys.len();
-        self.enqueue(keys);
-        queued
-    }
-
-    /// Looks every cached pod over again at a random period between
-    /// `min_period` and twice that (the claim controller's resync does the
-    /// same for its own work).
-    pub(crate) async fn run_resync(self: Arc<Self>, min_period: Duration) {
-        use rand::Rng;
-        let min_period = min_period.max(Duration::from_secs(1));
-        loop {
-            let period = min_period.mul_f64(1.0 + rand::rng().random::<f64>());
-            tokio::time::sleep(period).await;
-            if self.is_synced() {
-                let queued = self.sweep();
-                info!(
-                    queued,
-                    "allocator resync: queued the pods whose claims need devices"
-                );
-            }
+        for key in keys {
+            self.queue.add_for(key, why.clone());
         }
-    }
-
-    /// Stops handing out work and waits (bounded by the caller) for the
-    /// attempt in flight to finish.
-    pub async fn shut_down(&self) {
-        self.leading.store(false, Ordering::Release);
-        self.queue.shut_down();
-        self.queue.wait_idle().await;
+        queued
     }
 
     /// What this controller would allocate for `pod` now, from the stores.
@@ -212,39 +188,19 @@ impl Controller {
         )
     }
 
-    /// Runs the one worker until the queue is shut down: attempts never
-    /// overlap, so each sees the writes of the one before.
-    pub(crate) async fn run_worker(self: Arc<Self>) {
-        loop {
-            self.ctx.reachability.wait_reachable().await;
-            let Some(key) = self.queue.get().await else {
-                return;
-            };
-            let started = Instant::now();
-            let span = info_span!("allocate", pod = %key);
-            let result = self.sync(&key).instrument(span.clone()).await;
-            let _entered = span.enter();
-            if let Ok(None) = &result {
-                debug!(elapsed_ms = started.elapsed().as_millis() as u64, "done");
-            }
-            requeue(&self.queue, &self.ctx.reachability, &key, result);
-            self.queue.done(&key);
-        }
-    }
-
-    /// One attempt for the pod `key`; `Some(delay)`: look again after it.
-    async fn sync(&self, key: &str) -> Result<Option<Duration>, SyncError> {
+    /// One attempt for the pod `key`.
+    async fn sync(&self, key: &str) -> Result<Action, SyncError> {
         let Some(pod) = self.ctx.pods.get(key) else {
             self.ctx.state.stop_waiting(key);
             debug!("pod is gone; nothing to allocate");
-            return Ok(None);
+            return Ok(Action::Done);
         };
         let unreserved = match self.claims_to_allocate(&pod) {
             Ok(unreserved) => unreserved,
             Err(reason) => {
                 self.ctx.state.stop_waiting(key);
                 debug!(%reason, "nothing to allocate");
-                return Ok(None);
+                return Ok(Action::Done);
             }
         };
         let wanted: Vec<Wanted> = unreserved
@@ -257,12 +213,43 @@ impl Controller {
         match allocate_for_pod(&self.ctx, &pod, &wanted).await? {
             Attempt::Allocated => {
                 wake_kubelet(&self.ctx, &pod).await;
-                Ok(None)
+                Ok(Action::Done)
             }
-            Attempt::NothingToDo => Ok(None),
+            Attempt::NothingToDo => Ok(Action::Done),
             // Woken by slice, class and claim changes; this is the net
             // under those.
-            Attempt::Waiting => Ok(Some(RECHECK_WAITING)),
+            Attempt::Waiting => Ok(Action::RecheckAfter(RECHECK_WAITING)),
         }
+    }
+}
+
+impl Reconciler for Controller {
+    type Key = String;
+    type Why = &'static str;
+
+    fn span(&self, key: &String, why: &Wake<&'static str>) -> Span {
+        info_span!("allocate", pod = %key, reason = %why)
+    }
+
+    async fn reconcile(&self, key: &String) -> Result<Action, SyncError> {
+        self.sync(key).await
+    }
+
+    fn sweep(&self, sweep: Sweep) {
+        let queued = self.queue_needing(sweep.wake());
+        match sweep {
+            Sweep::Takeover => info!(
+                pods = queued,
+                "allocator leading: queued the pods whose claims need devices"
+            ),
+            Sweep::Resync => info!(
+                queued,
+                "allocator resync: queued the pods whose claims need devices"
+            ),
+        }
+    }
+
+    fn is_synced(&self) -> bool {
+        Controller::is_synced(self)
     }
 }

@@ -10,16 +10,17 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use tracing::info;
 
-use super::Controller;
+use super::{Controller, NEEDS_DEVICES, RELISTED, WAITING_WOKEN};
 use crate::model::indexes::PODS_BY_CLAIM;
 use crate::model::views::{ClaimView, NodeView, PodView};
+use crate::runtime::controller::Wake;
 use crate::runtime::informer::Observer;
 use crate::runtime::store::object_key;
 
 impl Controller {
     /// Queues the pods waiting for devices on `node` (`None`: anywhere).
     fn wake_waiting(&self, node: Option<&str>) {
-        self.enqueue(self.ctx.state.waiting_on(node));
+        self.enqueue(self.ctx.state.waiting_on(node), WAITING_WOKEN);
     }
 
     /// Wakes the pods waiting on nodes that publish slices of `pools`.
@@ -53,7 +54,7 @@ impl Controller {
     /// Queues `pod` when its claims need devices now.
     fn consider(&self, pod: &PodView) {
         if self.claims_to_allocate(pod).is_ok() {
-            self.enqueue([object_key(pod.namespace(), pod.name())]);
+            self.enqueue([object_key(pod.namespace(), pod.name())], NEEDS_DEVICES);
         }
     }
 
@@ -116,7 +117,7 @@ impl Observer<NodeView> for Controller {
             selector = %state.selector_text,
             "declared nodes loaded: allocating for pre-scheduled pods on them"
         );
-        self.sweep();
+        self.queue_needing(Wake::Event(RELISTED));
     }
     fn applied(&self, _old: Option<&NodeView>, node: &NodeView) {
         let state = &self.ctx.state;
@@ -149,7 +150,7 @@ impl Observer<NodeView> for Controller {
 
 impl Observer<PodView> for Controller {
     fn relisted(&self) {
-        self.sweep();
+        self.queue_needing(Wake::Event(RELISTED));
     }
     fn applied(&self, _old: Option<&PodView>, pod: &PodView) {
         self.consider(pod);
@@ -167,7 +168,7 @@ impl Observer<ClaimView> for Controller {
         // Released or not, every waiting pod may fit now; and a claim that
         // arrived with the list may be one a pod waits to have allocated.
         self.wake_waiting(None);
-        self.sweep();
+        self.queue_needing(Wake::Event(RELISTED));
     }
     fn applied(&self, old: Option<&ClaimView>, claim: &ClaimView) {
         self.ctx.state.claim_seen(claim);

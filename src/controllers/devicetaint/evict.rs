@@ -12,7 +12,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::json;
 use tracing::{debug, info};
 
-use super::{Controller, Item, RULE_RECHECK};
+use super::{Controller, Item, RULE_EVICTED, RULE_RECHECK};
+use crate::runtime::controller::Action;
 use crate::runtime::error::{SyncError, kube_err};
 
 const CONDITION_TYPE: &str = "DisruptionTarget";
@@ -40,21 +41,23 @@ fn has_condition(pod: &Pod) -> bool {
 
 impl Controller {
     /// Evicts the pod `key` if its time is up; `Some(delay)`: not yet.
-    pub(crate) async fn evict(&self, key: &str) -> Result<Option<Duration>, SyncError> {
+    pub(crate) async fn evict(&self, key: &str) -> Result<Action, SyncError> {
         let Some(pending) = self.tracking.lock().unwrap().pending.get(key).cloned() else {
             debug!("no eviction pending");
-            return Ok(None);
+            return Ok(Action::Done);
         };
         if self.evicted.contains(&pending.uid) {
-            return Ok(None);
+            return Ok(Action::Done);
         }
         let now = Timestamp::now();
         if pending.eviction.at > now {
-            return Ok(Some(now.duration_until(pending.eviction.at).unsigned_abs()));
+            return Ok(Action::RecheckAfter(
+                now.duration_until(pending.eviction.at).unsigned_abs(),
+            ));
         }
         // Not the leader any more (shutting down): nothing more is sent.
         if !self.is_leading() {
-            return Ok(None);
+            return Ok(Action::Done);
         }
         let rules = pending.rules();
         if let Some(wait) = self.paced(&rules) {
@@ -64,7 +67,7 @@ impl Controller {
                 .paced_since
                 .entry(key.to_string())
                 .or_insert_with(Instant::now);
-            return Ok(Some(wait.max(Duration::from_millis(10))));
+            return Ok(Action::RecheckAfter(wait.max(Duration::from_millis(10))));
         }
         let waited = self
             .tracking
@@ -84,13 +87,13 @@ impl Controller {
         else {
             debug!("pod gone or replaced; nothing to evict");
             self.forget_pod(key, &pending.uid);
-            return Ok(None);
+            return Ok(Action::Done);
         };
         if pod.metadata.deletion_timestamp.is_some() {
             debug!("pod already being deleted");
             self.evicted.add(pending.uid.clone());
             self.forget_pod(key, &pending.uid);
-            return Ok(None);
+            return Ok(Action::Done);
         }
         self.tell_pod(namespace, name, &pending.uid, "Marking for deletion");
         if !has_condition(&pod) {
@@ -113,7 +116,7 @@ impl Controller {
                 // tells a replaced pod from a busy one.)
                 Err(kube::Error::Api(s)) if s.code == 404 => {
                     self.forget_pod(key, &pending.uid);
-                    return Ok(None);
+                    return Ok(Action::Done);
                 }
                 Err(e) => {
                     return Err(SyncError::kube(
@@ -134,7 +137,7 @@ impl Controller {
             Ok(_) => {}
             Err(e) if is_not_found_or_conflict(&e) => {
                 self.forget_pod(key, &pending.uid);
-                return Ok(None);
+                return Ok(Action::Done);
             }
             Err(e) => return Err(SyncError::kube(format!("deleting pod {key}"), e)),
         }
@@ -155,13 +158,14 @@ impl Controller {
             }
         }
         for rule in rules {
-            self.queue.add_after(Item::Rule(rule), RULE_RECHECK);
+            self.queue
+                .add_after(Item::Rule(rule), RULE_RECHECK, RULE_EVICTED);
         }
         info!(
             late_s = late,
             paced_s = waited,
             "pod deleted for its devices' NoExecute taints"
         );
-        Ok(None)
+        Ok(Action::Done)
     }
 }

@@ -5,8 +5,8 @@
 //! Beyond upstream: evictions are paced, and a rule that would evict from
 //! more than a set share of the allocated devices waits for an admin.
 //!
-//! - `mod.rs`: the [`Controller`] (its queue of pods and rules, its
-//!   workers, leadership);
+//! - `mod.rs`: the [`Controller`] (its queue of pods and rules, run by the
+//!   runtime with `--concurrent-device-taint-eviction-syncs` workers);
 //! - `decide.rs`: when a pod must go (pure, table-tested after upstream's
 //!   `TestController` cases);
 //! - `tracking.rs`: the taint index and the evictions pending, kept in step
@@ -33,22 +33,21 @@ mod tracking;
 mod watches;
 
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tracing::{Instrument, debug, info, info_span};
+use tracing::{Span, info, info_span};
 
 use crate::model::device_taints::RulesVersion;
 use crate::model::features::FeatureGates;
 use crate::model::views::{ClaimView, DeviceStores, PodView};
+use crate::runtime::controller::{Action, Controller as Run, Queue, Reconciler, Sweep, Wake};
+use crate::runtime::error::SyncError;
 use crate::runtime::events::EventRecorder;
 use crate::runtime::reachability::Reachability;
-use crate::runtime::retry::requeue;
 use crate::runtime::shared::WatchesSynced;
 use crate::runtime::store::{RecentSet, Store};
-use crate::workqueue::WorkQueue;
 use metrics::EvictionMetrics;
 use tracking::Tracking;
 
@@ -67,10 +66,17 @@ const EVICTED_REMEMBERED: usize = 500;
 /// scheduled for eviction or evicted.
 const RULE_RECHECK: Duration = Duration::from_secs(10);
 
+/// Why an item is queued (the `reason` of its span).
+const EVICTION_DUE: &str = "eviction due";
+const RULE_CHANGED: &str = "rule changed";
+const RULE_HOLD_CHANGED: &str = "rule held or released by the guard";
+const RULE_EVICTION_SCHEDULED: &str = "an eviction of the rule was scheduled";
+const RULE_EVICTED: &str = "the rule evicted a pod";
+
 /// One work item: a pod to evict (`namespace/name`), or a rule whose
 /// status to write (its name).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Item {
+pub enum Item {
     Pod(String),
     Rule(String),
 }
@@ -111,8 +117,8 @@ pub struct Controller {
     /// Held while the taint index is rebuilt: one rebuild at a time.
     refreshing: Mutex<()>,
     evicted: RecentSet<String>,
-    queue: WorkQueue<Item>,
-    leading: AtomicBool,
+    /// Items are queued only while leading.
+    queue: Queue<Item, &'static str>,
     reachability: Arc<Reachability>,
     overall: Option<DefaultDirectRateLimiter>,
     per_rule: Option<DefaultKeyedRateLimiter<String>>,
@@ -152,79 +158,22 @@ impl Controller {
             settings,
             stores,
             evicted: RecentSet::new(EVICTED_REMEMBERED),
-            queue: WorkQueue::new(CONTROLLER_NAME, Some(registry)),
-            leading: AtomicBool::new(false),
+            queue: Queue::new(CONTROLLER_NAME, Some(registry)),
             reachability,
             overall,
             per_rule,
         }))
     }
 
-    pub(crate) fn queue(&self) -> &WorkQueue<Item> {
-        &self.queue
+    /// This controller as the runtime runs it, with
+    /// `--concurrent-device-taint-eviction-syncs` workers.
+    pub fn run(self: &Arc<Self>) -> Run<Self> {
+        Run::new(self.clone(), self.queue.clone(), self.reachability.clone())
+            .workers(self.settings.workers)
     }
 
     fn is_leading(&self) -> bool {
-        self.leading.load(Ordering::Acquire)
-    }
-
-    /// Acts as leader from now on: every pending eviction and every rule's
-    /// status is queued.
-    pub(crate) fn start_leading(&self) {
-        self.leading.store(true, Ordering::Release);
-        self.refresh_all(true);
-        self.tell_all_held();
-        let pods = self.schedule_all_pending();
-        let rules = self.stores.devices.rules.list();
-        for rule in &rules {
-            if let Some(name) = &rule.metadata.name {
-                self.queue.add(Item::Rule(name.clone()));
-            }
-        }
-        info!(
-            pending_pods = pods,
-            rules = rules.len(),
-            "device-taint eviction leading: queued the pods to evict and every rule's status"
-        );
-    }
-
-    /// Stops handing out work and waits (bounded by the caller) for the
-    /// evictions in flight.
-    pub(crate) async fn shut_down(&self) {
-        self.leading.store(false, Ordering::Release);
-        self.queue.shut_down();
-        self.queue.wait_idle().await;
-    }
-
-    /// `--concurrent-device-taint-eviction-syncs` workers until the queue
-    /// shuts down.
-    pub(crate) async fn run_workers(self: Arc<Self>) {
-        let workers = self.settings.workers.max(1);
-        futures::future::join_all((0..workers).map(|_| self.clone().run_worker())).await;
-    }
-
-    async fn run_worker(self: Arc<Self>) {
-        loop {
-            self.reachability.wait_reachable().await;
-            let Some(item) = self.queue.get().await else {
-                return;
-            };
-            let started = Instant::now();
-            let span = match &item {
-                Item::Pod(key) => info_span!("device-taint-eviction", pod = %key),
-                Item::Rule(name) => info_span!("device-taint-rule-status", rule = %name),
-            };
-            let result = match &item {
-                Item::Pod(key) => self.evict(key).instrument(span.clone()).await,
-                Item::Rule(name) => self.sync_rule(name).instrument(span.clone()).await,
-            };
-            let _entered = span.enter();
-            if let Ok(None) = &result {
-                debug!(elapsed_ms = started.elapsed().as_millis() as u64, "done");
-            }
-            requeue(&self.queue, &self.reachability, &item, result);
-            self.queue.done(&item);
-        }
+        self.queue.is_leading()
     }
 
     /// Whether this eviction may go now under the pacing flags (each rule
@@ -246,5 +195,43 @@ impl Controller {
             return Some(not_until.wait_time_from(now));
         }
         None
+    }
+}
+
+impl Reconciler for Controller {
+    type Key = Item;
+    type Why = &'static str;
+
+    fn span(&self, item: &Item, why: &Wake<&'static str>) -> Span {
+        match item {
+            Item::Pod(key) => info_span!("device-taint-eviction", pod = %key, reason = %why),
+            Item::Rule(name) => info_span!("device-taint-rule-status", rule = %name, reason = %why),
+        }
+    }
+
+    async fn reconcile(&self, item: &Item) -> Result<Action, SyncError> {
+        match item {
+            Item::Pod(key) => self.evict(key).await,
+            Item::Rule(name) => self.sync_rule(name).await,
+        }
+    }
+
+    /// At takeover: every pending eviction and every rule's status. It
+    /// keeps no resync of its own: its index follows every change.
+    fn sweep(&self, _sweep: Sweep) {
+        self.refresh_all(true);
+        self.tell_all_held();
+        let pods = self.schedule_all_pending();
+        let rules = self.stores.devices.rules.list();
+        for rule in &rules {
+            if let Some(name) = &rule.metadata.name {
+                self.queue.add_for(Item::Rule(name.clone()), Wake::Takeover);
+            }
+        }
+        info!(
+            pending_pods = pods,
+            rules = rules.len(),
+            "device-taint eviction leading: queued the pods to evict and every rule's status"
+        );
     }
 }

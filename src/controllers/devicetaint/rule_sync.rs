@@ -4,7 +4,6 @@
 //! applied to the status in the version the API server serves.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use k8s_openapi::jiff::{Timestamp, Unit};
@@ -16,19 +15,20 @@ use super::decide::pod_eviction;
 use super::rule_status::{CONDITION_TYPE, RuleState, StatusWrite, rule_condition, status_write};
 use super::{CONTROLLER_NAME, Controller};
 use crate::model::device_taints::{DeviceTaints, TaintRule, published_devices_selected};
+use crate::runtime::controller::Action;
 use crate::runtime::error::{SyncError, kube_err};
 use crate::runtime::store::object_key;
 
 impl Controller {
     /// Writes the status of the rule `name` if it changed; `Some(delay)`:
     /// written too recently, look again after it.
-    pub(crate) async fn sync_rule(&self, name: &str) -> Result<Option<Duration>, SyncError> {
+    pub(crate) async fn sync_rule(&self, name: &str) -> Result<Action, SyncError> {
         let Some(rule) = self.stores.devices.rules.get(name) else {
             debug!("rule gone");
-            return Ok(None);
+            return Ok(Action::Done);
         };
         let Some(version) = self.stores.rules_version.get().copied() else {
-            return Ok(None);
+            return Ok(Action::Done);
         };
         let uid = rule.metadata.uid.clone().unwrap_or_default();
         let state = self.rule_state(&rule);
@@ -43,8 +43,8 @@ impl Controller {
         let wanted = rule_condition(name, &state, evicted);
         let now = Timestamp::now();
         let condition = match status_write(&rule, wanted, now) {
-            StatusWrite::Unchanged => return Ok(None),
-            StatusWrite::After(delay) => return Ok(Some(delay)),
+            StatusWrite::Unchanged => return Ok(Action::Done),
+            StatusWrite::After(delay) => return Ok(Action::RecheckAfter(delay)),
             StatusWrite::Write(condition) => condition,
         };
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &version.api_resource());
@@ -65,7 +65,7 @@ impl Controller {
         match api.patch_status(name, &params, &Patch::Apply(body)).await {
             Ok(_) => {}
             // Deleted or recreated meanwhile: its own events bring it back.
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(None),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(Action::Done),
             Err(e) => {
                 return Err(kube_err(format!(
                     "writing the status of DeviceTaintRule {name}"
@@ -73,7 +73,7 @@ impl Controller {
             }
         }
         info!(reason = condition.reason, message = %condition.message, "DeviceTaintRule status written");
-        Ok(None)
+        Ok(Action::Done)
     }
 
     /// What the rule does now.

@@ -12,7 +12,10 @@ use tracing::{info, warn};
 
 use super::decide::{Eviction, pod_eviction};
 use super::rule_status::{CONFIRM_ANNOTATION, is_held};
-use super::{Controller, EVENT_REASON, Item, RULE_RECHECK};
+use super::{
+    Controller, EVENT_REASON, EVICTION_DUE, Item, RULE_EVICTION_SCHEDULED, RULE_HOLD_CHANGED,
+    RULE_RECHECK,
+};
 use crate::model::consumers::{is_pod_consumer, is_pod_group_consumer};
 use crate::model::device_taints::{DeviceTaints, TaintRule, TaintSource};
 use crate::model::indexes::PODS_BY_GROUP;
@@ -132,7 +135,7 @@ impl Controller {
         }
         if self.is_leading() {
             for name in newly_held.into_iter().map(|(n, _)| n).chain(released) {
-                self.queue.add(Item::Rule(name));
+                self.queue.add(Item::Rule(name), RULE_HOLD_CHANGED);
             }
         }
     }
@@ -367,14 +370,16 @@ impl Controller {
         let now = Timestamp::now();
         let at = pending.eviction.at;
         if at <= now {
-            self.queue.add(Item::Pod(key.to_string()));
+            self.queue.add(Item::Pod(key.to_string()), EVICTION_DUE);
         } else {
             let delay = now.duration_until(at).unsigned_abs();
-            self.queue.add_after(Item::Pod(key.to_string()), delay);
+            self.queue
+                .add_after(Item::Pod(key.to_string()), delay, EVICTION_DUE);
         }
         info!(pod = %key, at = %at, reasons = pending.eviction.reasons.len(), "device-taint eviction scheduled");
         for rule in pending.rules() {
-            self.queue.add_after(Item::Rule(rule), RULE_RECHECK);
+            self.queue
+                .add_after(Item::Rule(rule), RULE_RECHECK, RULE_EVICTION_SCHEDULED);
         }
     }
 

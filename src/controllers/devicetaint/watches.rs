@@ -11,7 +11,7 @@ use k8s_openapi::api::resource::v1::{DeviceTaintRule, ResourceSlice};
 use tracing::info;
 
 use super::rule_status::CONFIRM_ANNOTATION;
-use super::{Controller, Item};
+use super::{Controller, Item, RULE_CHANGED};
 use crate::model::views::{ClaimView, PodView};
 use crate::runtime::informer::Observer;
 use crate::runtime::store::object_key;
@@ -112,7 +112,7 @@ impl Observer<DeviceTaintRule> for Controller {
         if self.is_leading() {
             for rule in self.stores.devices.rules.list() {
                 if let Some(name) = &rule.metadata.name {
-                    self.queue.add(Item::Rule(name.clone()));
+                    self.queue.add(Item::Rule(name.clone()), RULE_CHANGED);
                 }
             }
         }
@@ -131,7 +131,7 @@ impl Observer<DeviceTaintRule> for Controller {
         if self.is_leading()
             && let Some(name) = &rule.metadata.name
         {
-            self.queue.add(Item::Rule(name.clone()));
+            self.queue.add(Item::Rule(name.clone()), RULE_CHANGED);
         }
         let keys = self.pods_with_allocated_claims();
         self.decide_pods(keys);

@@ -1,15 +1,14 @@
 //! The headroom controller: its state, its queue of watermark keys (and
-//! of pods waiting for devices) with one worker, and the sync: plan from a
-//! snapshot of the stores (`plan.rs`), then write (`execute.rs`) or yield
-//! (`yielding.rs`). Leader only.
+//! of pods waiting for devices), run by the runtime with one worker, and
+//! the sync: plan from a snapshot of the stores (`plan.rs`), then write
+//! (`execute.rs`) or yield (`yielding.rs`). Leader only.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use prometheus::Registry;
-use tracing::{Instrument, debug, info, info_span};
+use tracing::{Span, debug, info, info_span};
 
 use super::buffer::{BufferApi, BufferView};
 use super::buffer_sources::Sources;
@@ -22,14 +21,13 @@ use super::watermark::WatermarkView;
 use crate::model::DeviceId;
 use crate::model::features::FeatureGates as Gates;
 use crate::model::views::{ClaimView, DeviceStores, PodView};
+use crate::runtime::controller::{Action, Controller as Run, Queue, Reconciler, Sweep, Wake};
 use crate::runtime::error::SyncError;
 use crate::runtime::events::EventRecorder;
 use crate::runtime::http::Health;
 use crate::runtime::reachability::Reachability;
-use crate::runtime::retry::requeue;
 use crate::runtime::shared::WatchesSynced;
 use crate::runtime::store::{Store, object_key};
-use crate::workqueue::WorkQueue;
 use serde_json::Value;
 
 /// The queue's name (`workqueue_*{name="dra_headroom"}`).
@@ -143,8 +141,8 @@ impl Placeholders {
 /// The headroom controller.
 pub struct Controller {
     pub(super) client: kube::Client,
-    pub(super) queue: WorkQueue<String>,
-    pub(super) leading: AtomicBool,
+    /// Keys are queued only while leading.
+    pub(super) queue: Queue<String, &'static str>,
     pub(super) watermarks: Store<WatermarkView>,
     /// The pods headroom reads, of the process's one pod watch: those that
     /// hold a node, wait for devices, or are placeholders (see
@@ -248,8 +246,7 @@ impl Controller {
             yields_unwritten: Mutex::default(),
             gates: settings.gates,
             client,
-            queue: WorkQueue::new(QUEUE_NAME, Some(registry)),
-            leading: AtomicBool::new(false),
+            queue: Queue::new(QUEUE_NAME, Some(registry)),
             watermarks: Store::new(Vec::new()),
             pods: Store::new(Vec::new()),
             claim_pods: stores.claim_pods,
@@ -294,81 +291,48 @@ impl Controller {
         }))
     }
 
-    pub fn queue(&self) -> &WorkQueue<String> {
-        &self.queue
-    }
-
-    /// From now on events enqueue work; every watermark is queued.
-    pub(crate) fn start_leading(&self) {
-        self.leading.store(true, Ordering::Release);
-        self.enqueue_all();
-        self.enqueue_buffers();
-        info!(
-            watermarks = self.watermarks.len(),
-            buffers = self.buffers.len(),
-            "headroom leading: queued every watermark and buffer"
-        );
+    /// This controller as the runtime runs it: one worker, so syncs never
+    /// overlap.
+    pub fn run(self: &Arc<Self>) -> Run<Self> {
+        Run::new(self.clone(), self.queue.clone(), self.reachability.clone())
     }
 
     /// Every CapacityBuffer with our strategy. Not part of [`Self::enqueue_all`]:
     /// that runs on every claim, slice and node change, and a buffer's
     /// count does not follow those (its sync reads its source live).
-    pub(super) fn enqueue_buffers(&self) {
+    fn queue_buffers(&self, why: Wake<&'static str>) {
         for buffer in self.buffers.list().iter().filter(|b| b.spec.is_ours()) {
-            self.enqueue(format!(
+            let key = format!(
                 "{BUFFER_KEY_PREFIX}{}",
                 object_key(buffer.namespace(), buffer.name())
-            ));
+            );
+            self.queue.add_for(key, why.clone());
         }
-    }
-
-    pub async fn shut_down(&self) {
-        self.leading.store(false, Ordering::Release);
-        self.queue.shut_down();
-        self.queue.wait_idle().await;
     }
 
     pub(super) fn enqueue(&self, key: String) {
-        if self.leading.load(Ordering::Acquire) {
-            self.queue.add(key);
-        }
+        let why = reason_of(&key);
+        self.queue.add(key, why);
     }
 
     /// Devices, classes, slices and nodes move every watermark's counts;
     /// there are few watermarks, so all are queued (the queue folds
     /// repeats, and a sync that changes nothing writes nothing).
     pub(super) fn enqueue_all(&self) {
-        for wm in self.watermarks.list() {
-            self.enqueue(object_key(wm.namespace(), wm.name()));
-        }
-        for wm in self.seed_watermarks.list() {
-            self.enqueue(format!(
-                "{SEED_KEY_PREFIX}{}",
-                object_key(wm.namespace(), wm.name())
-            ));
-        }
+        self.queue_watermarks(Wake::Event(reason_of("")));
     }
 
-    /// The one worker: syncs never overlap. Held while the API server is
-    /// unreachable; retries by the kind of failure (`runtime::retry`).
-    pub(crate) async fn run_worker(self: Arc<Self>) {
-        loop {
-            self.reachability.wait_reachable().await;
-            let Some(key) = self.queue.get().await else {
-                return;
-            };
-            // `key`: a watermark (`namespace/name`) or a pod waiting for
-            // devices (`pod:namespace/name`).
-            let reason = if key.starts_with(POD_KEY_PREFIX) {
-                "pod waits for devices placeholders hold"
-            } else {
-                "watermark, its nodes or their usage changed"
-            };
-            let span = info_span!("headroom", key = %key, reason);
-            let result = self.sync(&key).instrument(span.clone()).await;
-            let _entered = span.enter();
-            requeue(&self.queue, &self.reachability, &key, result.map(|()| None));
-            self.queue.done(&key);
+    fn queue_watermarks(&self, why: Wake<&'static str>) {
+        if !self.queue.is_leading() {
+            return;
+        }
+        for wm in self.watermarks.list() {
+            self.queue
+                .add_for(object_key(wm.namespace(), wm.name()), why.clone());
+        }
+        for wm in self.seed_watermarks.list() {
+            let key = format!("{SEED_KEY_PREFIX}{}", object_key(wm.namespace(), wm.name()));
+            self.queue.add_for(key, why.clone());
         }
     }
 
@@ -486,5 +450,41 @@ impl Controller {
         result?;
         self.yields_unwritten.lock().unwrap().remove(key);
         Ok(true)
+    }
+}
+
+/// Why a key is queued, from its kind: a pod waiting for devices, or a
+/// door's object whose placeholders may need to change.
+fn reason_of(key: &str) -> &'static str {
+    if key.starts_with(POD_KEY_PREFIX) {
+        "pod waits for devices placeholders hold"
+    } else {
+        "watermark, its nodes or their usage changed"
+    }
+}
+
+impl Reconciler for Controller {
+    /// A watermark (`namespace/name`), a seed watermark (`seed:…`), a
+    /// CapacityBuffer (`buffer:…`) or a pod waiting for devices (`pod:…`).
+    type Key = String;
+    type Why = &'static str;
+
+    fn span(&self, key: &String, why: &Wake<&'static str>) -> Span {
+        info_span!("headroom", key = %key, reason = %why)
+    }
+
+    async fn reconcile(&self, key: &String) -> Result<Action, SyncError> {
+        self.sync(key).await.map(|()| Action::Done)
+    }
+
+    /// At takeover: every watermark and buffer.
+    fn sweep(&self, sweep: Sweep) {
+        self.queue_watermarks(sweep.wake());
+        self.queue_buffers(sweep.wake());
+        info!(
+            watermarks = self.watermarks.len(),
+            buffers = self.buffers.len(),
+            "headroom leading: queued every watermark and buffer"
+        );
     }
 }

@@ -76,8 +76,11 @@ impl Controller {
                 hold_ms = hold.as_millis() as u64,
                 "a yield is in flight: new placeholders stay gated"
             );
-            self.queue
-                .add_after(key.to_string(), hold + Duration::from_millis(100));
+            self.queue.add_after(
+                key.to_string(),
+                hold + Duration::from_millis(100),
+                "a yield's hold is over",
+            );
             return Ok(());
         }
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &door.namespace);

@@ -260,8 +260,11 @@ impl Controller {
     /// Looks at a waiting pod again after `after` (a pod that no longer
     /// waits by then is dropped at once).
     fn recheck(&self, pod_key: &str, after: Duration) {
-        self.queue
-            .add_after(format!("{POD_KEY_PREFIX}{pod_key}"), after);
+        self.queue.add_after(
+            format!("{POD_KEY_PREFIX}{pod_key}"),
+            after,
+            "pod still waits for devices",
+        );
     }
 
     /// The pod's claims that are not allocated yet, read live; a claim not

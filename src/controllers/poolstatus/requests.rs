@@ -20,7 +20,6 @@
 //! served; slices and claims come from the process's shared stores.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1alpha3::{
@@ -32,7 +31,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams, Preconditions};
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Span, debug, info, info_span, warn};
 
 use super::request_metrics::RequestMetrics;
 use crate::model::device_taints::rules_of;
@@ -42,13 +41,13 @@ use crate::model::pool_status::{
     answered_at, refused_message, should_delete, when_to_reply,
 };
 use crate::model::views::ClaimView;
+use crate::runtime::controller::{Action, Controller as Run, Queue, Reconciler, Sweep, Wake};
 use crate::runtime::error::{SyncError, kube_err};
 use crate::runtime::informer::{Handler, Informer};
 use crate::runtime::reachability::Reachability;
-use crate::runtime::retry::{Backoff, requeue};
+use crate::runtime::retry::Backoff;
 use crate::runtime::startup::{DISCOVERY_TRIES, Discovered, discover_within};
 use crate::runtime::store::Store;
-use crate::workqueue::WorkQueue;
 
 /// kube-controller-manager's name for it; here also the work queue's
 /// `name` (upstream's queue has none, so no metrics).
@@ -67,9 +66,13 @@ const CLEANUP_NEXT_BATCH: Duration = Duration::from_secs(1);
 /// The first clean-up waits for the requests' first list this often.
 const CLEANUP_UNTIL_LISTED: Duration = Duration::from_secs(5);
 
+/// Why an item is queued (the `reason` of its span).
+const NEW_REQUEST: &str = "request without status";
+const REQUESTS_LISTED: &str = "requests listed";
+
 /// One work item: a request to answer (its name), or the clean-up.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Item {
+pub enum Item {
     Request(String),
     Cleanup,
 }
@@ -89,8 +92,8 @@ pub struct Controller {
     requests: Store<ResourcePoolStatusRequest>,
     watch: Informer,
     stores: Stores,
-    queue: WorkQueue<Item>,
-    leading: AtomicBool,
+    /// Items are queued only while leading.
+    queue: Queue<Item, &'static str>,
     reachability: Arc<Reachability>,
     metrics: RequestMetrics,
 }
@@ -109,19 +112,21 @@ impl Controller {
             requests: Store::new(Vec::new()),
             watch: Informer::new(PLURAL),
             stores,
-            queue: WorkQueue::new(CONTROLLER_NAME, Some(registry)),
-            leading: AtomicBool::new(false),
+            queue: Queue::new(CONTROLLER_NAME, Some(registry)),
             reachability,
             metrics: RequestMetrics::register(registry)?,
         }))
     }
 
-    pub(crate) fn queue(&self) -> &WorkQueue<Item> {
-        &self.queue
+    /// This controller as the runtime runs it. One worker, as upstream:
+    /// answers are cheap, and one at a time keeps the API server's load
+    /// flat whatever the number of requests.
+    pub fn run(self: &Arc<Self>) -> Run<Self> {
+        Run::new(self.clone(), self.queue.clone(), self.reachability.clone())
     }
 
     fn is_leading(&self) -> bool {
-        self.leading.load(Ordering::Acquire)
+        self.queue.is_leading()
     }
 
     /// Watches the requests once discovery finds their API; when it is not
@@ -171,70 +176,30 @@ impl Controller {
         self.watch.run(self.api.clone(), &*self).await;
     }
 
-    /// Acts as leader from now on: every request without status is queued,
-    /// and the clean-up runs at once, then every 10 minutes.
-    pub(crate) fn start_leading(&self) {
-        self.leading.store(true, Ordering::Release);
-        let pending = self.queue_pending();
-        self.queue.add(Item::Cleanup);
-        info!(
-            pending,
-            "pool status requests leading: queued the requests without status"
-        );
-    }
-
-    fn queue_pending(&self) -> usize {
+    fn queue_pending(&self, why: Wake<&'static str>) -> usize {
         let mut pending = 0;
         for request in self.requests.list() {
             if request.status.is_none()
                 && let Some(name) = &request.metadata.name
             {
-                self.queue.add(Item::Request(name.clone()));
+                self.queue.add_for(Item::Request(name.clone()), why.clone());
                 pending += 1;
             }
         }
         pending
     }
 
-    pub(crate) async fn shut_down(&self) {
-        self.leading.store(false, Ordering::Release);
-        self.queue.shut_down();
-        self.queue.wait_idle().await;
-    }
-
-    /// One worker, as upstream: answers are cheap, and one at a time
-    /// keeps the API server's load flat whatever the number of requests.
-    pub(crate) async fn run_worker(self: Arc<Self>) {
-        loop {
-            self.reachability.wait_reachable().await;
-            let Some(item) = self.queue.get().await else {
-                return;
-            };
-            let span = match &item {
-                Item::Request(name) => info_span!("pool-status-request", request = %name),
-                Item::Cleanup => info_span!("pool-status-request-cleanup"),
-            };
-            let result = match &item {
-                Item::Request(name) => self.reply(name).instrument(span.clone()).await,
-                Item::Cleanup => self.clean_up().instrument(span.clone()).await,
-            };
-            let _entered = span.enter();
-            requeue(&self.queue, &self.reachability, &item, result);
-            self.queue.done(&item);
-        }
-    }
-
     /// Answers the request `name` if it has no status yet; `Some(delay)`:
     /// its answer would hold an incomplete pool, look again after it.
-    async fn reply(&self, name: &str) -> Result<Option<Duration>, SyncError> {
+    async fn reply(&self, name: &str) -> Result<Action, SyncError> {
         let started = Instant::now();
         let Some(request) = self.requests.get(name) else {
             debug!("request gone");
-            return Ok(None);
+            return Ok(Action::Done);
         };
         if request.status.is_some() {
             debug!("request already answered");
-            return Ok(None);
+            return Ok(Action::Done);
         }
         let spec = &request.spec;
         let slices = self.stores.slices.list();
@@ -267,7 +232,7 @@ impl Controller {
                 retry_in_ms = delay.as_millis() as u64,
                 "a returned pool is incomplete; waiting for its driver to publish the rest"
             );
-            return Ok(Some(delay));
+            return Ok(Action::RecheckAfter(delay));
         }
         let mut answered = (*request).clone();
         answered.status = Some(status_of(&answer, now));
@@ -294,7 +259,7 @@ impl Controller {
             incomplete = answer.has_incomplete_pool(),
             "answered"
         );
-        Ok(None)
+        Ok(Action::Done)
     }
 
     /// Writes a request's status (counted in the request metrics, as
@@ -322,9 +287,9 @@ impl Controller {
     /// Deletes the requests whose time is up, [`CLEANUP_BATCH`] at a time
     /// so that answers are not held up behind a long clean-up; then waits
     /// 10 minutes (a few seconds while the requests are not listed yet).
-    async fn clean_up(&self) -> Result<Option<Duration>, SyncError> {
+    async fn clean_up(&self) -> Result<Action, SyncError> {
         if !self.watch.is_synced() {
-            return Ok(Some(CLEANUP_UNTIL_LISTED));
+            return Ok(Action::RecheckAfter(CLEANUP_UNTIL_LISTED));
         }
         let now = Timestamp::now();
         let mut deleted = 0;
@@ -370,7 +335,7 @@ impl Controller {
         if deleted > 0 {
             info!(deleted, more, "expired ResourcePoolStatusRequests deleted");
         }
-        Ok(Some(if more {
+        Ok(Action::RecheckAfter(if more {
             CLEANUP_NEXT_BATCH
         } else {
             CLEANUP_EVERY
@@ -467,7 +432,7 @@ impl Handler<ResourcePoolStatusRequest> for Controller {
             .collect();
         self.requests.replace(entries);
         if self.is_leading() {
-            self.queue_pending();
+            self.queue_pending(Wake::Event(REQUESTS_LISTED));
         }
         self.watch.mark_synced();
     }
@@ -479,7 +444,7 @@ impl Handler<ResourcePoolStatusRequest> for Controller {
         let pending = request.status.is_none();
         self.requests.apply(name.clone(), Arc::new(request));
         if pending && self.is_leading() {
-            self.queue.add(Item::Request(name));
+            self.queue.add(Item::Request(name), NEW_REQUEST);
         }
     }
 
@@ -487,6 +452,38 @@ impl Handler<ResourcePoolStatusRequest> for Controller {
         if let Some(name) = &request.metadata.name {
             self.requests.delete(name);
         }
+    }
+}
+
+impl Reconciler for Controller {
+    type Key = Item;
+    type Why = &'static str;
+
+    fn span(&self, item: &Item, why: &Wake<&'static str>) -> Span {
+        match item {
+            Item::Request(name) => {
+                info_span!("pool-status-request", request = %name, reason = %why)
+            }
+            Item::Cleanup => info_span!("pool-status-request-cleanup", reason = %why),
+        }
+    }
+
+    async fn reconcile(&self, item: &Item) -> Result<Action, SyncError> {
+        match item {
+            Item::Request(name) => self.reply(name).await,
+            Item::Cleanup => self.clean_up().await,
+        }
+    }
+
+    /// At takeover: every request without status, and the clean-up at
+    /// once (it then comes back every 10 minutes by itself).
+    fn sweep(&self, sweep: Sweep) {
+        let pending = self.queue_pending(sweep.wake());
+        self.queue.add_for(Item::Cleanup, sweep.wake());
+        info!(
+            pending,
+            "pool status requests leading: queued the requests without status"
+        );
     }
 }
 

@@ -62,7 +62,7 @@ impl fmt::Display for WorkKey {
 
 /// Why a pod needs pod work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PodNeeds {
+pub enum PodNeeds {
     /// A member of a PodGroup: its entries resolve through the group.
     GroupMember,
     UnsupportedEntry,
@@ -122,7 +122,7 @@ impl fmt::Display for NoPodWork {
 /// Why a pod no longer uses its claims (they are checked, so that their
 /// reservations go).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LetGo {
+pub enum LetGo {
     Removed,
     Terminated,
     DeletedBeforeScheduling,
@@ -141,9 +141,10 @@ impl fmt::Display for LetGo {
     }
 }
 
-/// Why a key was queued: the `reason` of its sync span.
+/// Why an event queued a key: the `reason` of its sync span (the
+/// runtime adds its own: takeover, resync, recheck, retry).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Why {
+pub enum Why {
     Pod(PodNeeds),
     /// A claim of a pod that let go of it.
     PodLetGo(LetGo),
@@ -152,14 +153,6 @@ pub(crate) enum Why {
     PodGroupNeedsWork,
     /// A PodGroup is gone: its claims and members are checked.
     PodGroupGone,
-    /// This replica became leader: everything is swept once.
-    Leading,
-    /// The periodic resync.
-    Resync,
-    /// A grace period or wait a sync asked for is over.
-    Recheck,
-    /// A sync failed and is retried with backoff.
-    Retry,
 }
 
 impl fmt::Display for Why {
@@ -170,10 +163,6 @@ impl fmt::Display for Why {
             Why::ClaimChanged => f.write_str("claim changed"),
             Why::PodGroupNeedsWork => f.write_str("PodGroup needs its claims"),
             Why::PodGroupGone => f.write_str("PodGroup is gone"),
-            Why::Leading => f.write_str("became leader"),
-            Why::Resync => f.write_str("resync"),
-            Why::Recheck => f.write_str("recheck after a wait"),
-            Why::Retry => f.write_str("retry after a failure"),
         }
     }
 }

@@ -10,13 +10,14 @@ use serde_json::{Value, json};
 use tower_test::mock;
 
 use super::cache::Caches;
-use super::context::{Context, Synced};
+use super::context::Context;
 use super::metrics::{ControllerMetrics, MetricsNaming};
 use super::{claim, pod};
 use crate::model::consumers::DELETE_PROTECTION_FINALIZER;
 use crate::model::features::FeatureGates;
 use crate::model::views::{ClaimView, PodView, TemplateView};
 use crate::naming::POD_CLAIM_NAME_ANNOTATION;
+use crate::runtime::controller::Action;
 use crate::runtime::events::EventRecorder;
 use crate::runtime::reachability::Reachability;
 use crate::runtime::store::object_key;
@@ -430,6 +431,6 @@ async fn pod_work_creates_then_records_with_one_apply() {
 
     assert_eq!(
         work.await.unwrap().expect("pod work succeeds"),
-        Synced::Done
+        Action::Done
     );
 }

@@ -1,10 +1,11 @@
 //! The ResourceClaim lifecycle controller (kube-controller-manager's
 //! `resourceclaim-controller`):
 //!
-//! - `mod.rs`: the [`Controller`] (queue, informers, leadership, observers
-//!   of its pod and claim watches); `watches.rs` (what each event does),
-//!   `worker.rs` (the worker loop, a span per sync with its reason),
-//!   `resync.rs` (the periodic resync);
+//! - `mod.rs`: the [`Controller`] (queue, informers, observers of its pod
+//!   and claim watches); `watches.rs` (what each event does),
+//!   `worker.rs` (the sync of one key, as the runtime's [`Reconciler`]),
+//!   `resync.rs` (what a takeover and a resync queue); the runtime runs the
+//!   workers, the leader gate, retries, the resync and the shut-down;
 //! - `pod.rs`, `claim.rs`, `podgroup.rs`: the decisions (pure `decide`) and
 //!   their writes (`execute`); `entries.rs`: an owner's claims adopted,
 //!   created and recorded, for pod and PodGroup work alike;
@@ -36,27 +37,25 @@ mod execute_tests;
 #[cfg(test)]
 mod podgroup_tests;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use kube::Api;
-use tracing::{debug, info};
+use tracing::debug;
 
 use crate::model::features::FeatureGates;
 use crate::model::views::{self, ClaimView, NodeView, PodView, TemplateView};
+use crate::runtime::controller::{Controller as Run, Queue};
 use crate::runtime::events::EventRecorder;
 use crate::runtime::informer::{Handler, Informer, Observer};
 use crate::runtime::reachability::Reachability;
 use crate::runtime::shared::Fanout;
 use crate::runtime::store::Store;
-use crate::workqueue::WorkQueue;
 use cache::Caches;
 use context::Context;
-use enqueue::{Why, WorkKey, pod_needs_work};
+use enqueue::{Why, WorkKey};
 use metrics::{ControllerMetrics, MetricsNaming};
 
-pub use context::Synced;
 /// Whether the API server serves PodGroups (the DRAWorkloadResourceClaims
 /// gate needs them), for `app.rs`.
 pub use podgroup::discover_api as discover_pod_group_api;
@@ -83,14 +82,12 @@ impl Observers {
     }
 }
 
-/// The controller: informers feeding caches, one queue, N workers.
+/// The controller: informers feeding caches, one queue (the runtime runs
+/// its N workers).
 pub struct Controller {
     ctx: Arc<Context>,
-    queue: WorkQueue<WorkKey>,
-    /// Only the leader enqueues; a standby keeps its caches warm.
-    leading: AtomicBool,
-    /// Why each queued key was queued, until a worker takes it.
-    reasons: Mutex<HashMap<WorkKey, Why>>,
+    /// Keys are queued only while leading; a standby keeps its caches warm.
+    queue: Queue<WorkKey, Why>,
     pods: Informer,
     claims: Informer,
     templates: Informer,
@@ -130,9 +127,7 @@ impl Controller {
         });
         Ok(Arc::new(Controller {
             ctx,
-            queue: WorkQueue::new(QUEUE_NAME, Some(registry)),
-            leading: AtomicBool::new(false),
-            reasons: Mutex::new(HashMap::new()),
+            queue: Queue::new(QUEUE_NAME, Some(registry)),
             pods: Informer::new("pods"),
             claims: Informer::new("resourceclaims"),
             templates: Informer::new("resourceclaimtemplates"),
@@ -167,8 +162,17 @@ impl Controller {
         &self.ctx.caches
     }
 
-    pub fn queue(&self) -> &WorkQueue<WorkKey> {
-        &self.queue
+    /// This controller as the runtime runs it: `workers` syncs at once
+    /// (`--concurrent-resourceclaim-syncs`), a jittered resync from
+    /// `min_resync_period` (`--min-resync-period`).
+    pub fn run(self: &Arc<Self>, workers: usize, min_resync_period: Duration) -> Run<Self> {
+        Run::new(
+            self.clone(),
+            self.queue.clone(),
+            self.ctx.reachability.clone(),
+        )
+        .workers(workers)
+        .resync_every(min_resync_period)
     }
 
     /// Resolves once the first list of every watch has been loaded.
@@ -220,77 +224,12 @@ impl Controller {
     }
 
     fn enqueue(&self, keys: impl IntoIterator<Item = (WorkKey, Why)>) {
-        if !self.leading.load(Ordering::Acquire) {
+        if !self.queue.is_leading() {
             return;
         }
         for (key, why) in keys {
             debug!(key = %key, reason = %why, "enqueue");
-            self.add(key, why);
+            self.queue.add(key, why);
         }
-    }
-
-    /// Queues `key`, remembering why unless an earlier reason is still
-    /// waiting to be reported with it (the queue holds a key once).
-    fn add(&self, key: WorkKey, why: Why) {
-        self.reasons
-            .lock()
-            .unwrap()
-            .entry(key.clone())
-            .or_insert(why);
-        self.queue.add(key);
-    }
-
-    /// Why `key` was queued, for its sync span; a key with no reason left
-    /// came back from a backoff.
-    fn take_reason(&self, key: &WorkKey) -> Why {
-        self.reasons
-            .lock()
-            .unwrap()
-            .remove(key)
-            .unwrap_or(Why::Retry)
-    }
-
-    /// Called when this replica becomes leader: from now on events enqueue
-    /// work, and everything that happened before is swept once.
-    pub(crate) fn start_leading(&self) {
-        self.leading.store(true, Ordering::Release);
-        let caches = &self.ctx.caches;
-        let mut claims = 0;
-        for claim in caches.claims.list() {
-            self.add(
-                WorkKey::claim(claim.namespace(), claim.name()),
-                Why::Leading,
-            );
-            claims += 1;
-        }
-        let mut pods = 0;
-        for pod in caches.pods.list() {
-            if pod_needs_work(&pod, caches, self.ctx.gates).is_ok() {
-                self.add(WorkKey::pod(pod.namespace(), pod.name()), Why::Leading);
-                pods += 1;
-            }
-        }
-        let mut groups = 0;
-        for group in caches.pod_groups.list() {
-            if podgroup::needs_work(&group, caches, self.ctx.gates) {
-                self.add(
-                    WorkKey::pod_group(group.namespace(), group.name()),
-                    Why::Leading,
-                );
-                groups += 1;
-            }
-        }
-        info!(
-            claims,
-            pods, groups, "leading: queued every claim and every pod and PodGroup that needs work"
-        );
-    }
-
-    /// Stops handing out work and waits (bounded by the caller) for
-    /// in-flight syncs to finish.
-    pub async fn shut_down(&self) {
-        self.leading.store(false, Ordering::Release);
-        self.queue.shut_down();
-        self.queue.wait_idle().await;
     }
 }

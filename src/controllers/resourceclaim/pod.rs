@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 use super::cache::Caches;
-use super::context::{Context, Synced};
+use super::context::Context;
 use super::metrics::ClaimOwner;
 use super::patch;
 use crate::model::consumers::{Unreserved, unreserved_claims};
@@ -25,6 +25,7 @@ use crate::naming::{
     ClaimResolution, POD_CLAIM_NAME_ANNOTATION, generate_name, is_controlled_by,
     is_controlled_by_pod_group, pod_owner_reference, resolve_claim,
 };
+use crate::runtime::controller::Action;
 use crate::runtime::error::{SyncError, kube_err};
 
 pub use super::entries::{
@@ -430,7 +431,7 @@ pub async fn execute(
     ctx: &Context,
     pod: &PodView,
     mut decision: PodDecision,
-) -> Result<Synced, SyncError> {
+) -> Result<Action, SyncError> {
     if let Some(why) = decision.refused {
         return Err(SyncError::NonRetryable(format!(
             "pod {}: {why}",
@@ -481,10 +482,10 @@ pub async fn execute(
     }
     if pod.is_pre_scheduled() && !created.is_empty() {
         // Just made: give whoever may allocate it the grace period too.
-        return Ok(Synced::RecheckAfter(NOT_ALLOCATED_GRACE));
+        return Ok(Action::RecheckAfter(NOT_ALLOCATED_GRACE));
     }
     if decision.unallocated.is_empty() {
-        return Ok(Synced::Done);
+        return Ok(Action::Done);
     }
     let waited = pod
         .history
@@ -494,12 +495,12 @@ pub async fn execute(
         .checked_sub(waited)
         .filter(|d| !d.is_zero())
     {
-        return Ok(Synced::RecheckAfter(left));
+        return Ok(Action::RecheckAfter(left));
     }
     for claim_name in &decision.unallocated {
         warn_if_still_unallocated(ctx, pod, claim_name).await?;
     }
-    Ok(Synced::Done)
+    Ok(Action::Done)
 }
 
 /// 1.37: before a claim the pod's status records is replaced because the
