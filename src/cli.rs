@@ -35,15 +35,15 @@ fn parse_reference_release(s: &str) -> Result<ReferenceRelease, String> {
 #[command(
     name = "dra-claim-controller",
     version,
-    about = "Runs the DRA ResourceClaim lifecycle (kube-controller-manager's resourceclaim-controller) as its own process.",
-    long_about = "Runs the DRA ResourceClaim lifecycle (kube-controller-manager's resourceclaim-controller) as its own process.\n\nWithout a subcommand it runs the controller with the flags below; drain-check and audit are read-only checks for admins (also installed as the kubectl plugin kubectl-dra).",
+    about = "Runs kube-controller-manager's DRA controllers (resourceclaim-controller, device-taint-eviction-controller, resourcepoolstatusrequest-controller) as a process of their own.",
+    long_about = "Runs kube-controller-manager's DRA controllers (resourceclaim-controller, device-taint-eviction-controller, resourcepoolstatusrequest-controller) as a process of their own, with allocation on declared nodes (--allocate-on-nodes) and headroom placeholders (--controllers=*,headroom) besides.\n\nWithout a subcommand it runs the controllers with the flags below. The subcommands are admin commands (also installed as the kubectl plugin kubectl-dra): drain-check, audit, pools and check-release only read; drain and uncordon write DeviceTaintRules.",
     args_conflicts_with_subcommands = true,
     // A flag given twice takes its last value, as kube-controller-manager's
     // flags do: the chart's extraArgs then override its own flags.
     args_override_self = true
 )]
 pub struct Args {
-    /// A read-only check instead of the controller.
+    /// An admin command instead of the controllers (read-only but for drain and uncordon, which write DeviceTaintRules).
     #[command(subcommand)]
     pub tool: Option<crate::inspect::Tool>,
 
@@ -93,7 +93,7 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "pool")]
     pub pool_metrics: crate::controllers::poolstatus::PoolMetrics,
 
-    /// Feature gates, as Name=true|false pairs. Acted on: DRAAdminAccess, DRAPrioritizedList, DRAExtendedResource, DRADeviceTaints (on by default, as in Kubernetes 1.36), DRADeviceTaintRules (off in 1.36; GA in 1.37) and DRAWorkloadResourceClaims (alpha, off: PodGroup claims; needs scheduling.k8s.io v1alpha2 or v1alpha3 served). kube-controller-manager's other gates are accepted and ignored, so its flag value can be copied.
+    /// Feature gates, as Name=true|false pairs, with Kubernetes 1.36's defaults. Acted on: DRAAdminAccess and DRAPrioritizedList (on), DRADeviceTaints (on; GA in 1.37), DRADeviceTaintRules (off in 1.36; GA in 1.37), DRAResourcePoolStatus (alpha, off: ResourcePoolStatusRequests are answered), DRAWorkloadResourceClaims, also spelled WorkloadResourceClaims (alpha, off: PodGroup claims; needs scheduling.k8s.io v1alpha2 or v1alpha3 served) and GenericWorkload (off: pods in PodGroups, with 1.37's rules). DRAExtendedResource (on) is accepted and changes nothing: claims made for extended resources are cleaned up either way. kube-controller-manager's other gates (1.36's and 1.37's) are accepted and ignored, so its flag value can be copied; any other name is an error.
     #[arg(long, default_value = "", value_parser = parse_gates)]
     pub feature_gates: FeatureGateFlag,
 
@@ -125,7 +125,7 @@ pub struct Args {
     #[arg(long)]
     pub leader_elect_resource_namespace: Option<String>,
 
-    /// Controllers to run, comma separated, in kube-controller-manager's syntax ("*" for the default ones, "-name" to turn one off): resourceclaim (always on), device-taint-eviction (on with "*" while DRADeviceTaints is on) and headroom (NodeScalingWatermark placeholders; off unless named; needs the chart's CRD).
+    /// Controllers to run, comma separated, in kube-controller-manager's syntax ("*" for the default ones, "-name" to turn one off, a "-controller" suffix optional): resourceclaim (always on), device-taint-eviction (on with "*"; runs while DRADeviceTaints is on), resourcepoolstatusrequest (on with "*"; runs while DRAResourcePoolStatus is on) and headroom (NodeScalingWatermark placeholders; off unless named; needs the chart's CRD). The allocator is turned on by --allocate-on-nodes instead.
     #[arg(long, default_value = "*", value_parser = parse_controllers)]
     pub controllers: Controllers,
 
@@ -324,11 +324,12 @@ pub struct Controllers {
 }
 
 /// Parses `--controllers` with kube-controller-manager's syntax: `*` turns
-/// on the controllers that are on by default (the claim controller), a name
-/// turns one on, `-name` turns it off (later entries win); `-controller`
-/// suffixes are accepted (`resourceclaim-controller`). The claim
-/// controller, what this binary is, cannot be turned off; `headroom` is off
-/// unless named.
+/// on the controllers that are on by default (the claim controller,
+/// `device-taint-eviction` and `resourcepoolstatusrequest`, the last two
+/// still subject to their gates), a name turns one on, `-name` turns it off
+/// (later entries win); `-controller` suffixes are accepted
+/// (`resourceclaim-controller`). The claim controller cannot be turned off;
+/// `headroom` is off unless named.
 pub(crate) fn parse_controllers(s: &str) -> Result<Controllers, String> {
     const KNOWN: &str = "known: *, resourceclaim, device-taint-eviction, resourcepoolstatusrequest, headroom (a leading '-' turns one off)";
     let mut controllers = Controllers {

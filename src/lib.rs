@@ -1,6 +1,6 @@
-//! dra-claim-controller: the DRA ResourceClaim lifecycle, run outside
-//! kube-controller-manager, and the tools around it. Three layers, arrows
-//! pointing down only:
+//! dra-claim-controller: kube-controller-manager's DRA controllers, run
+//! outside it, more controllers of our own, and the tools around them.
+//! Three layers, arrows pointing down only:
 //!
 //! - [`runtime`]: what any controller of ours needs, knowing no DRA type:
 //!   client and request budget, informers and indexed stores, errors that
@@ -10,11 +10,24 @@
 //!   slim views, store indexes, consumers, devices, the claim classifier,
 //!   feature gates; [`naming`] (claim-entry resolution and generated names)
 //!   and [`allocate`] (the pure device allocator) sit with it.
-//! - [`controllers`]: rooms with one door each. `resourceclaim` (the claim
-//!   lifecycle) and `allocator` (devices for pre-scheduled pods on
-//!   declared nodes); no controller imports another. [`inspect`]
-//!   (`drain-check`, `audit`, also the kubectl plugin `kubectl-dra`) uses
-//!   the model and the runtime only.
+//! - [`controllers`]: rooms with one door each, no controller importing
+//!   another:
+//!   - `resourceclaim`: the claim lifecycle (kube-controller-manager's
+//!     `resourceclaim-controller`);
+//!   - `devicetaint`: pods on devices with an untolerated `NoExecute`
+//!     taint evicted, DeviceTaintRule status written
+//!     (`device-taint-eviction-controller`);
+//!   - `poolstatus`: ResourcePoolStatusRequests answered
+//!     (`resourcepoolstatusrequest-controller`) and the pool capacity
+//!     gauge;
+//!   - `allocator`: devices for pre-scheduled pods on the nodes of
+//!     `--allocate-on-nodes`;
+//!   - `headroom`: placeholder pods for `NodeScalingWatermark`s (also the
+//!     redhat-cop operator's API) and CapacityBuffers.
+//!
+//!   [`inspect`] (the admin commands `drain-check`, `audit`, `drain`,
+//!   `uncordon`, `pools`, `check-release`, also the kubectl plugin
+//!   `kubectl-dra`) uses the model and the runtime only.
 //!
 //! [`app`] wires them (which controllers run, which watches feed them,
 //! shutdown) with the flags of [`cli`]. The library surface exists so that

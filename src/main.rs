@@ -1,6 +1,6 @@
 //! dra-claim-controller: flags and logging. The process itself is
-//! `dra_claim_controller::app::run`; the read-only subcommands are
-//! `dra_claim_controller::inspect`.
+//! `dra_claim_controller::app::run`; the admin subcommands (read-only
+//! but for `drain` and `uncordon`) are `dra_claim_controller::inspect`.
 
 use std::process::ExitCode;
 

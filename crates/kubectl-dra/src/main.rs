@@ -1,8 +1,11 @@
 //! `kubectl dra`: the admin commands of dra-claim-controller as a kubectl
 //! plugin. On `PATH`, `kubectl dra drain-check NODE`, `kubectl dra audit`,
-//! `kubectl dra drain NODE` and `kubectl dra uncordon NODE` run the same
-//! code as the `dra-claim-controller` subcommands of those names;
-//! `kubectl-dra completion SHELL` prints a completion script.
+//! `kubectl dra pools`, `kubectl dra check-release`, `kubectl dra drain
+//! NODE` and `kubectl dra uncordon NODE` run the same code as the
+//! `dra-claim-controller` subcommands of those names;
+//! `kubectl-dra completion SHELL` prints a completion script. All of them
+//! only read, but for `drain` and `uncordon`, which create, patch and delete
+//! DeviceTaintRules.
 
 use std::process::ExitCode;
 
@@ -16,7 +19,7 @@ use dra_runtime::process::exit_usage;
     name = "kubectl-dra",
     bin_name = "kubectl-dra",
     version,
-    about = "DRA for cluster admins: may a node's driver go (drain-check), take a node's devices out of service before driver maintenance (drain, uncordon), where do ResourceClaims leak (audit)."
+    about = "DRA for cluster admins: may a node's driver go (drain-check), where do ResourceClaims leak (audit), what does every pool offer (pools), does the installed controller work (check-release): these only read. drain and uncordon take a node's devices out of service before driver maintenance and back: these write DeviceTaintRules."
 )]
 struct Cli {
     #[command(subcommand)]
