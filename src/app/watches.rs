@@ -6,7 +6,6 @@
 //! which keeps their stores; pods fan out from there.)
 
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceSlice};
 use kube::Api;
@@ -15,8 +14,8 @@ use tracing::{info, warn};
 use crate::model::device_taints::RulesVersion;
 use crate::model::views::{DeviceStores, NodeView};
 use crate::runtime::informer::{Handler, Informer, Observer};
+use crate::runtime::optional_api::{DISCOVERY_PER_TRY, DISCOVERY_TRIES, Discovered};
 use crate::runtime::shared::Mirror;
-use crate::runtime::startup::{DISCOVERY_TRIES, Discovered, discover_within};
 
 /// Who observes each kind. A kind is watched when someone observes it, or
 /// when a room reads its store ([`DeviceWatches::read`]).
@@ -205,18 +204,11 @@ async fn when(on: bool, watch: impl Future<Output = ()>) {
 /// `None` when neither lists the resource (or discovery got no answer in
 /// [`DISCOVERY_TRIES`] tries).
 async fn discover_rules_version(client: &kube::Client) -> Option<RulesVersion> {
-    let found = discover_within(
-        client,
-        "resource.k8s.io",
-        &["v1", "v1beta2"],
-        "devicetaintrules",
-        DISCOVERY_TRIES,
-        Duration::from_secs(10),
-    )
-    .await;
+    let found = RulesVersion::API
+        .discover(client, DISCOVERY_TRIES, DISCOVERY_PER_TRY)
+        .await;
     match found {
-        Discovered::Served(version) if version == "v1" => Some(RulesVersion::V1),
-        Discovered::Served(_) => Some(RulesVersion::V1beta2),
+        Discovered::Served(version) => Some(RulesVersion::from_served(&version)),
         Discovered::NotServed | Discovered::NoAnswer => None,
     }
 }

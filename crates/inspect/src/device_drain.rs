@@ -155,17 +155,12 @@ fn rules_api(client: &kube::Client, version: RulesVersion) -> Api<DynamicObject>
 
 /// Which version serves DeviceTaintRules, if any.
 pub(crate) async fn rules_version(client: &kube::Client) -> Result<RulesVersion, String> {
-    let served = dra_runtime::startup::probe_served(
-        client,
-        "resource.k8s.io",
-        &["v1", "v1beta2"],
-        "devicetaintrules",
-    )
-    .await
-    .map_err(|e| format!("discovering DeviceTaintRules: {e}"))?;
+    let served = RulesVersion::API
+        .probe(client)
+        .await
+        .map_err(|e| format!("discovering DeviceTaintRules: {e}"))?;
     match served.as_deref() {
-        Some("v1") => Ok(RulesVersion::V1),
-        Some(_) => Ok(RulesVersion::V1beta2),
+        Some(version) => Ok(RulesVersion::from_served(version)),
         None => Err("the API server serves no DeviceTaintRule (resource.k8s.io v1 or v1beta2): on Kubernetes 1.36 \
          turn on the DRADeviceTaintRules gate and --runtime-config=resource.k8s.io/v1beta2=true"
             .into()),

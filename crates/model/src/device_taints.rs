@@ -86,6 +86,23 @@ pub enum RulesVersion {
 }
 
 impl RulesVersion {
+    /// The API as discovery asks for it: `v1` first, then `v1beta2`.
+    pub const API: dra_runtime::optional_api::OptionalApi =
+        dra_runtime::optional_api::OptionalApi {
+            group: "resource.k8s.io",
+            versions: &["v1", "v1beta2"],
+            plural: "devicetaintrules",
+        };
+
+    /// The version discovery found served (one of [`Self::API`]'s).
+    pub fn from_served(version: &str) -> RulesVersion {
+        if version == "v1" {
+            RulesVersion::V1
+        } else {
+            RulesVersion::V1beta2
+        }
+    }
+
     pub fn api_version(self) -> &'static str {
         match self {
             RulesVersion::V1 => "resource.k8s.io/v1",

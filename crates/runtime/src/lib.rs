@@ -5,7 +5,8 @@
 //! shared by several rooms: [`shared`]) feeding indexed stores ([`store`]), errors that decide
 //! retries ([`error`]) by one policy for every worker ([`retry`]), Warning events ([`events`]), holding work through
 //! an API server outage ([`reachability`]), reads start-up cannot do without,
-//! retried instead of fatal ([`startup`]), Lease election ([`leader`]),
+//! retried instead of fatal ([`startup`]), APIs a room can do without, found
+//! by one discovery ([`optional_api`]), Lease election ([`leader`]),
 //! and the HTTP endpoints with their exposition ([`http`], [`exposition`]),
 //! their certificate ([`tls`]) and who may read them ([`delegated`]); client-go's
 //! work queue with its metrics ([`workqueue`]), and the one controller shape
@@ -22,6 +23,7 @@ pub mod exposition;
 pub mod http;
 pub mod informer;
 pub mod leader;
+pub mod optional_api;
 pub mod priority;
 pub mod process;
 pub mod protobuf;

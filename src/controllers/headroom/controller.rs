@@ -25,6 +25,7 @@ use crate::runtime::controller::{Action, Controller as Run, Queue, Reconciler, S
 use crate::runtime::error::SyncError;
 use crate::runtime::events::EventRecorder;
 use crate::runtime::http::Health;
+use crate::runtime::optional_api::OptionalApi;
 use crate::runtime::reachability::Reachability;
 use crate::runtime::shared::WatchesSynced;
 use crate::runtime::store::{Store, object_key};
@@ -255,9 +256,11 @@ impl Controller {
             synced: stores.synced,
             written: Mutex::default(),
             watermark_door: Door::new(
-                super::watermark::GROUP,
-                &[super::watermark::VERSION],
-                "nodescalingwatermarks",
+                OptionalApi {
+                    group: super::watermark::GROUP,
+                    versions: &[super::watermark::VERSION],
+                    plural: "nodescalingwatermarks",
+                },
                 "nodescalingwatermarks.dra-claim-controller.io",
                 "apply charts/dra-claim-controller/crds/nodescalingwatermarks.yaml (helm install does), \
                  or drop headroom from --controllers",
@@ -267,9 +270,11 @@ impl Controller {
             buffers: Store::new(Vec::new()),
             buffer_door: settings.capacity_buffers.then(|| {
                 Door::new(
-                    super::buffer::GROUP,
-                    &super::buffer::VERSIONS,
-                    super::buffer::PLURAL,
+                    OptionalApi {
+                        group: super::buffer::GROUP,
+                        versions: &super::buffer::VERSIONS,
+                        plural: super::buffer::PLURAL,
+                    },
                     "capacitybuffers.autoscaling.x-k8s.io",
                     "install the cluster-autoscaler's CapacityBuffer CRD, or drop --headroom-capacity-buffers",
                 )
@@ -280,9 +285,11 @@ impl Controller {
             buffer_written: Mutex::default(),
             seed_door: settings.seed_watermarks.then(|| {
                 Door::new(
-                    super::seed::GROUP,
-                    &[super::seed::VERSION],
-                    "nodescalingwatermarks",
+                    OptionalApi {
+                        group: super::seed::GROUP,
+                        versions: &[super::seed::VERSION],
+                        plural: "nodescalingwatermarks",
+                    },
                     "nodescalingwatermarks.redhatcop.redhat.io",
                     "install the chart with headroom.seedOperator.enabled=true, or drop --headroom-seed-watermarks",
                 )

@@ -14,8 +14,9 @@ use tracing::{debug, info, warn};
 
 use crate::runtime::http::Health;
 use crate::runtime::informer::Informer;
+use crate::runtime::optional_api::OptionalApi;
 use crate::runtime::retry::Backoff;
-use crate::runtime::startup::{StartupRead, describe_failure, probe_served};
+use crate::runtime::startup::{StartupRead, describe_failure};
 
 /// How often a closed door asks discovery whether its CRD arrived: one
 /// small GET per door, and a CRD installed now is served within this.
@@ -39,10 +40,7 @@ pub(super) enum DoorState {
 pub(super) struct Door {
     /// The CRD's name (`plural.group`), for logs, `/readyz` and the metric.
     pub(super) crd: &'static str,
-    group: &'static str,
-    /// Newest first: the first served is used.
-    versions: &'static [&'static str],
-    plural: &'static str,
+    api: OptionalApi,
     /// What an admin does to open it.
     remedy: &'static str,
     pub(super) watch: Informer,
@@ -50,18 +48,10 @@ pub(super) struct Door {
 }
 
 impl Door {
-    pub(super) fn new(
-        group: &'static str,
-        versions: &'static [&'static str],
-        plural: &'static str,
-        crd: &'static str,
-        remedy: &'static str,
-    ) -> Door {
+    pub(super) fn new(api: OptionalApi, crd: &'static str, remedy: &'static str) -> Door {
         Door {
             crd,
-            group,
-            versions,
-            plural,
+            api,
             remedy,
             watch: Informer::new(crd),
             state: watch::Sender::new(DoorState::Probing),
@@ -81,7 +71,7 @@ impl Door {
         let mut backoff = Backoff::default();
         let mut failures = 0u32;
         loop {
-            match probe_served(client, self.group, self.versions, self.plural).await {
+            match self.api.probe(client).await {
                 Ok(Some(version)) => {
                     if self.state.send_replace(DoorState::Open) == DoorState::Closed {
                         info!(crd = self.crd, version = %version, "the CRD is installed now: this headroom door is open");
@@ -206,9 +196,11 @@ mod tests {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let client = kube::Client::new(service, "default");
         let door = std::sync::Arc::new(Door::new(
-            "autoscaling.x-k8s.io",
-            versions,
-            "capacitybuffers",
+            OptionalApi {
+                group: "autoscaling.x-k8s.io",
+                versions,
+                plural: "capacitybuffers",
+            },
             "capacitybuffers.autoscaling.x-k8s.io",
             "install the cluster-autoscaler's CapacityBuffer CRD",
         ));

@@ -44,9 +44,9 @@ use crate::model::views::ClaimView;
 use crate::runtime::controller::{Action, Controller as Run, Queue, Reconciler, Sweep, Wake};
 use crate::runtime::error::{SyncError, kube_err};
 use crate::runtime::informer::{Handler, Informer};
+use crate::runtime::optional_api::{DISCOVERY_PER_TRY, DISCOVERY_TRIES, Discovered, OptionalApi};
 use crate::runtime::reachability::Reachability;
 use crate::runtime::retry::Backoff;
-use crate::runtime::startup::{DISCOVERY_TRIES, Discovered, discover_within};
 use crate::runtime::store::Store;
 
 /// kube-controller-manager's name for it; here also the work queue's
@@ -54,9 +54,11 @@ use crate::runtime::store::Store;
 pub const CONTROLLER_NAME: &str = "resourcepoolstatusrequest-controller";
 
 /// The API the requests are served in (alpha in 1.36 and 1.37).
-const GROUP: &str = "resource.k8s.io";
-const VERSION: &str = "v1alpha3";
-const PLURAL: &str = "resourcepoolstatusrequests";
+const REQUESTS_API: OptionalApi = OptionalApi {
+    group: "resource.k8s.io",
+    versions: &["v1alpha3"],
+    plural: "resourcepoolstatusrequests",
+};
 
 /// How often expired requests are looked for (upstream's interval).
 const CLEANUP_EVERY: Duration = Duration::from_secs(600);
@@ -110,7 +112,7 @@ impl Controller {
             release,
             api: Api::all(client),
             requests: Store::new(Vec::new()),
-            watch: Informer::new(PLURAL),
+            watch: Informer::new(REQUESTS_API.plural),
             stores,
             queue: Queue::new(CONTROLLER_NAME, Some(registry)),
             reachability,
@@ -136,15 +138,9 @@ impl Controller {
     pub(crate) async fn run_watch(self: Arc<Self>, client: kube::Client) {
         let mut backoff = Backoff::default();
         loop {
-            let found = discover_within(
-                &client,
-                GROUP,
-                &[VERSION],
-                PLURAL,
-                DISCOVERY_TRIES,
-                Duration::from_secs(10),
-            )
-            .await;
+            let found = REQUESTS_API
+                .discover(&client, DISCOVERY_TRIES, DISCOVERY_PER_TRY)
+                .await;
             match found {
                 Discovered::Served(_) => break,
                 Discovered::NotServed => {

@@ -194,14 +194,9 @@ pub async fn discover_api(
     health: &crate::runtime::http::Health,
     why: &str,
 ) -> anyhow::Result<PodGroupApi> {
-    let served = crate::runtime::startup::served_version(
-        client,
-        health,
-        PodGroupApi::GROUP,
-        &PodGroupApi::VERSIONS,
-        PodGroupApi::PLURAL,
-    )
-    .await;
+    let served = PodGroupApi::API
+        .discover_until_answered(client, health)
+        .await;
     if let Some(version) = served {
         info!(api_version = %format!("{}/{version}", PodGroupApi::GROUP), "serving PodGroup claims");
         return Ok(PodGroupApi { version });

@@ -16,6 +16,13 @@ impl PodGroupApi {
     /// (1.36 serves v1alpha2; 1.37 v1beta1 and v1alpha3; the fields read
     /// are the same in all three).
     pub const VERSIONS: [&'static str; 3] = ["v1beta1", "v1alpha3", "v1alpha2"];
+    /// The API as discovery asks for it.
+    pub const API: dra_runtime::optional_api::OptionalApi =
+        dra_runtime::optional_api::OptionalApi {
+            group: Self::GROUP,
+            versions: &Self::VERSIONS,
+            plural: Self::PLURAL,
+        };
 
     pub fn api_version(&self) -> String {
         format!("{}/{}", Self::GROUP, self.version)
