@@ -13,10 +13,11 @@
 //! - [`read`]: the API reads; [`report`]: table, JSON and exit codes;
 //! - [`release`]: whether an installed controller works (`check-release`,
 //!   the chart's `helm test`);
-//! - [`command`]: the subcommands of both binaries.
+//! - [`commands`]: the subcommands of both binaries: their flags, the one
+//!   client and the one output they share, and each command's steps.
 
 mod audit;
-mod command;
+mod commands;
 mod device_drain;
 mod drain;
 mod placement;
@@ -26,7 +27,7 @@ mod release;
 mod report;
 mod snapshot;
 
-pub use command::{Tool, run};
+pub use commands::{Tool, run};
 
 /// Runs an admin command as `program` (read-only, but for `drain` and
 /// `uncordon`, which write DeviceTaintRules): warnings and errors only, as
