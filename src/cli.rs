@@ -16,19 +16,20 @@ use crate::runtime::leader::{
 use crate::controllers::resourceclaim::metrics::MetricsNaming;
 use crate::model::features::{FeatureGateFlag, Release};
 
+mod parse;
+
+pub(crate) use parse::parse_controllers;
+use parse::{
+    parse_device_taint_syncs, parse_gates, parse_qps, parse_rate, parse_reference_release,
+    parse_resync_period, parse_share, parse_shutdown_timeout,
+};
+
 /// `--reference-release`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReferenceRelease {
     /// Follow the API server's version.
     Auto,
     Pinned(Release),
-}
-
-fn parse_reference_release(s: &str) -> Result<ReferenceRelease, String> {
-    match s.trim() {
-        "auto" => Ok(ReferenceRelease::Auto),
-        other => other.parse().map(ReferenceRelease::Pinned),
-    }
 }
 
 #[derive(Debug, Clone, Parser)]
@@ -211,61 +212,6 @@ pub(crate) fn log_level_for_verbosity(v: u8) -> &'static str {
     }
 }
 
-fn parse_gates(s: &str) -> Result<FeatureGateFlag, String> {
-    s.parse()
-}
-
-/// The least QPS that is not 0 (unlimited): one request every 1,000 s.
-const MIN_QPS: f32 = 0.001;
-/// More than any API server serves one client.
-const MAX_QPS: f32 = 1_000_000.0;
-
-/// `--kube-api-qps`: 0 (unlimited) or a finite rate the token bucket can
-/// pace.
-fn parse_qps(s: &str) -> Result<f32, String> {
-    let qps: f32 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number"))?;
-    if !qps.is_finite() || qps < 0.0 {
-        return Err(format!("{s:?}: must be 0 (unlimited) or a positive number"));
-    }
-    if qps != 0.0 && !(MIN_QPS..=MAX_QPS).contains(&qps) {
-        return Err(format!(
-            "{s:?}: must be 0 (unlimited) or between {MIN_QPS} and {MAX_QPS}"
-        ));
-    }
-    Ok(qps)
-}
-
-/// `--min-resync-period`: at least a second (a shorter one would spin), at
-/// most a week (past that the "missed events heal" promise means nothing).
-fn parse_resync_period(s: &str) -> Result<FlagDuration, String> {
-    bounded(
-        s,
-        Duration::from_secs(1),
-        Duration::from_secs(7 * 24 * 3600),
-    )
-}
-
-/// `--shutdown-timeout`: at most an hour (a kubelet's grace period is far
-/// shorter; a longer wait only delays the next leader).
-fn parse_shutdown_timeout(s: &str) -> Result<FlagDuration, String> {
-    bounded(s, Duration::ZERO, Duration::from_secs(3600))
-}
-
-fn bounded(s: &str, min: Duration, max: Duration) -> Result<FlagDuration, String> {
-    let d = parse_duration(s)?;
-    if d < min || d > max {
-        return Err(format!(
-            "{s:?}: must be between {} and {}",
-            FlagDuration(min),
-            FlagDuration(max)
-        ));
-    }
-    Ok(FlagDuration(d))
-}
-
 /// kube-controller-manager's `--min-resync-period` default.
 pub(crate) const DEFAULT_MIN_RESYNC_PERIOD: Duration = Duration::from_secs(12 * 3600);
 /// How long requests already sent may take on SIGTERM.
@@ -278,41 +224,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// `--concurrent-device-taint-eviction-syncs`, worded as
-/// kube-controller-manager words it.
-fn parse_device_taint_syncs(s: &str) -> Result<u32, String> {
-    let n: i64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a whole number"))?;
-    if n <= 0 {
-        return Err(format!(
-            "concurrent-device-taint-eviction-syncs must be greater than zero, got {n}"
-        ));
-    }
-    u32::try_from(n.min(10_000)).map_err(|e| e.to_string())
-}
-
-/// A rate per second: 0 (off) or more.
-fn parse_rate(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(r) if r.is_finite() && r >= 0.0 => Ok(r),
-        _ => Err(format!(
-            "{s:?} is not a rate per second (0 or more; 0 turns pacing off)"
-        )),
-    }
-}
-
-/// A share of the allocated devices: above 0, at most 1 (no guard).
-fn parse_share(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(r) if r > 0.0 && r <= 1.0 => Ok(r),
-        _ => Err(format!(
-            "{s:?} is not a share: use a number above 0 and at most 1 (1 turns the guard off)"
-        )),
-    }
-}
-
 /// Which controllers `--controllers` turns on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Controllers {
@@ -321,48 +232,6 @@ pub struct Controllers {
     pub device_taint_eviction: bool,
     /// kube-controller-manager's `resourcepoolstatusrequest-controller`.
     pub resource_pool_status_request: bool,
-}
-
-/// Parses `--controllers` with kube-controller-manager's syntax: `*` turns
-/// on the controllers that are on by default (the claim controller,
-/// `device-taint-eviction` and `resourcepoolstatusrequest`, the last two
-/// still subject to their gates), a name turns one on, `-name` turns it off
-/// (later entries win); `-controller` suffixes are accepted
-/// (`resourceclaim-controller`). The claim controller cannot be turned off;
-/// `headroom` is off unless named.
-pub(crate) fn parse_controllers(s: &str) -> Result<Controllers, String> {
-    const KNOWN: &str = "known: *, resourceclaim, device-taint-eviction, resourcepoolstatusrequest, headroom (a leading '-' turns one off)";
-    let mut controllers = Controllers {
-        headroom: false,
-        device_taint_eviction: false,
-        resource_pool_status_request: false,
-    };
-    let mut claim = false;
-    for entry in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        let (on, name) = match entry.strip_prefix('-') {
-            Some(name) => (false, name),
-            None => (true, entry),
-        };
-        match name.strip_suffix("-controller").unwrap_or(name) {
-            "*" if on => {
-                claim = true;
-                controllers.device_taint_eviction = true;
-                controllers.resource_pool_status_request = true;
-            }
-            "device-taint-eviction" => controllers.device_taint_eviction = on,
-            "resourcepoolstatusrequest" => controllers.resource_pool_status_request = on,
-            "resourceclaim" => claim = on,
-            "headroom" => controllers.headroom = on,
-            _ => return Err(format!("unknown controller {entry:?}; {KNOWN}")),
-        }
-    }
-    if !claim {
-        return Err(
-            "resourceclaim must be among the controllers (it cannot be turned off; '*' includes it)"
-                .into(),
-        );
-    }
-    Ok(controllers)
 }
 
 #[cfg(test)]
