@@ -1,7 +1,7 @@
 //! The headroom controller: its state, its queue of watermark keys (and
 //! of pods waiting for devices), run by the runtime with one worker, and
-//! the sync: plan from a snapshot of the stores (`plan.rs`), then write
-//! (`execute.rs`) or yield (`yielding.rs`). Leader only.
+//! the sync: plan from a snapshot of the stores (`watermarks/plan.rs`),
+//! then write (`execute.rs`) or yield (`yielding/`). Leader only.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 use prometheus::Registry;
 use tracing::{Span, debug, info, info_span};
 
-use super::buffer::{BufferApi, BufferView};
-use super::buffer_sources::Sources;
+use super::capacity_buffers::buffer::{self, BufferApi, BufferView};
+use super::capacity_buffers::buffer_sources::Sources;
 use super::doors::Door;
 use super::metrics::Metrics;
-use super::plan::{Plan, Snapshot};
-use super::seed::SeedWatermarkView;
-use super::status::Observed;
-use super::watermark::WatermarkView;
+use super::operator_compat::seed::{self, SeedWatermarkView};
+use super::watermarks::plan::{Plan, Snapshot};
+use super::watermarks::status::Observed;
+use super::watermarks::watermark::{self, WatermarkView};
 use crate::model::DeviceId;
 use crate::model::features::FeatureGates as Gates;
 use crate::model::views::{ClaimView, DeviceStores, PodView};
@@ -123,7 +123,7 @@ impl Placeholders {
         Some(Placeholders {
             namespace: namespace.to_string(),
             label: if of_buffer {
-                super::buffer::placeholder_label(name)
+                buffer::placeholder_label(name)
             } else {
                 name.to_string()
             },
@@ -135,7 +135,7 @@ impl Placeholders {
     pub(super) fn holds(&self, pod: &PodView) -> bool {
         pod.namespace() == self.namespace
             && pod.placeholder_of() == Some(self.label.as_str())
-            && (pod.placeholder_entry() == Some(super::buffer::BUFFER_ENTRY)) == self.of_buffer
+            && (pod.placeholder_entry() == Some(buffer::BUFFER_ENTRY)) == self.of_buffer
     }
 }
 
@@ -257,8 +257,8 @@ impl Controller {
             written: Mutex::default(),
             watermark_door: Door::new(
                 OptionalApi {
-                    group: super::watermark::GROUP,
-                    versions: &[super::watermark::VERSION],
+                    group: watermark::GROUP,
+                    versions: &[watermark::VERSION],
                     plural: "nodescalingwatermarks",
                 },
                 "nodescalingwatermarks.dra-claim-controller.io",
@@ -271,9 +271,9 @@ impl Controller {
             buffer_door: settings.capacity_buffers.then(|| {
                 Door::new(
                     OptionalApi {
-                        group: super::buffer::GROUP,
-                        versions: &super::buffer::VERSIONS,
-                        plural: super::buffer::PLURAL,
+                        group: buffer::GROUP,
+                        versions: &buffer::VERSIONS,
+                        plural: buffer::PLURAL,
                     },
                     "capacitybuffers.autoscaling.x-k8s.io",
                     "install the cluster-autoscaler's CapacityBuffer CRD, or drop --headroom-capacity-buffers",
@@ -286,8 +286,8 @@ impl Controller {
             seed_door: settings.seed_watermarks.then(|| {
                 Door::new(
                     OptionalApi {
-                        group: super::seed::GROUP,
-                        versions: &[super::seed::VERSION],
+                        group: seed::GROUP,
+                        versions: &[seed::VERSION],
                         plural: "nodescalingwatermarks",
                     },
                     "nodescalingwatermarks.redhatcop.redhat.io",
@@ -380,14 +380,13 @@ impl Controller {
     /// (`buffer:namespace/name`).
     pub(super) fn door_key_of(&self, pod: &PodView) -> Option<String> {
         let label = pod.placeholder_of()?;
-        if pod.placeholder_entry() == Some(super::buffer::BUFFER_ENTRY) {
+        if pod.placeholder_entry() == Some(buffer::BUFFER_ENTRY) {
             return self
                 .buffers
                 .list()
                 .iter()
                 .find(|b| {
-                    b.namespace() == pod.namespace()
-                        && super::buffer::placeholder_label(b.name()) == label
+                    b.namespace() == pod.namespace() && buffer::placeholder_label(b.name()) == label
                 })
                 .map(|b| format!("{BUFFER_KEY_PREFIX}{}", object_key(b.namespace(), b.name())));
         }

@@ -1,6 +1,7 @@
 //! The writes of a watermark's sync: the placeholders' objects applied
 //! (only what changed since the last sync), the objects of entries that
-//! are gone deleted, the status, and the placeholder gates lifted.
+//! are gone deleted, the status, and the placeholder gates lifted. The
+//! apply, the gates and [`write_once`] serve every door's sync.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,9 +16,9 @@ use serde_json::{Value, json};
 use tracing::{debug, info};
 
 use super::controller::{Controller, FIELD_MANAGER, Placeholders, Written};
-use super::desired::PLACEHOLDER_GATE;
-use super::status::{Observed, conditions, status_patch};
-use super::watermark::{WatermarkView, carry_transitions};
+use super::watermarks::desired::PLACEHOLDER_GATE;
+use super::watermarks::status::{Observed, conditions, status_patch};
+use super::watermarks::watermark::{WatermarkView, carry_transitions};
 use crate::naming::WATERMARK_LABEL;
 use crate::runtime::error::{SyncError, kube_err};
 
@@ -33,6 +34,21 @@ fn claim_templates() -> ApiResource {
         &GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceClaimTemplate"),
         "resourceclaimtemplates",
     )
+}
+
+/// Runs `write` unless `slot` already holds `now` (what the object says
+/// since the last write); records `now` once the write went through.
+pub(super) async fn write_once<T: PartialEq>(
+    slot: &mut Option<T>,
+    now: T,
+    write: impl std::future::Future<Output = Result<(), SyncError>>,
+) -> Result<(), SyncError> {
+    if slot.as_ref() == Some(&now) {
+        return Ok(());
+    }
+    write.await?;
+    *slot = Some(now);
+    Ok(())
 }
 
 impl Controller {
@@ -225,3 +241,6 @@ impl Controller {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

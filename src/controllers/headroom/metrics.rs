@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use super::status::Observed;
+use super::watermarks::status::Observed;
 
 /// `dra_headroom_placeholders`, `dra_headroom_devices`,
 /// `dra_headroom_yields_total`.
@@ -120,8 +120,8 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controllers::headroom::devices::DeviceCount;
-    use crate::controllers::headroom::status::EntryObserved;
+    use crate::controllers::headroom::watermarks::devices::DeviceCount;
+    use crate::controllers::headroom::watermarks::status::EntryObserved;
 
     fn series(registry: &Registry, watermark: &str) -> usize {
         registry

@@ -8,12 +8,13 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::Api;
 use tracing::info;
 
-use super::buffer::{BufferApi, BufferView};
+use super::capacity_buffers::buffer::{BufferApi, BufferView};
 use super::controller::{
     BUFFER_KEY_PREFIX, Controller, PLACEHOLDER_PRIORITY, POD_KEY_PREFIX, SEED_KEY_PREFIX,
 };
-use super::seed::SeedWatermarkView;
-use super::watermark::{WatermarkView, selects};
+use super::operator_compat::seed::SeedWatermarkView;
+use super::watermarks::usage::waits_for_devices;
+use super::watermarks::watermark::{WatermarkView, selects};
 use crate::model::views::{ClaimView, NodeView, PodView};
 use crate::runtime::informer::{Handler, Observer};
 use crate::runtime::store::{Store, object_key};
@@ -252,7 +253,7 @@ impl Handler<PodView> for Controller {
         // devices are looked at again, as their events would have had them.
         if self.yield_enabled {
             for pod in self.pods.list() {
-                if super::usage::waits_for_devices(&pod, PLACEHOLDER_PRIORITY) {
+                if waits_for_devices(&pod, PLACEHOLDER_PRIORITY) {
                     self.enqueue(format!(
                         "{POD_KEY_PREFIX}{}",
                         object_key(pod.namespace(), pod.name())
@@ -263,8 +264,7 @@ impl Handler<PodView> for Controller {
     }
     fn applied(&self, pod: PodView) {
         let key = object_key(pod.namespace(), pod.name());
-        let waits =
-            self.yield_enabled && super::usage::waits_for_devices(&pod, PLACEHOLDER_PRIORITY);
+        let waits = self.yield_enabled && waits_for_devices(&pod, PLACEHOLDER_PRIORITY);
         let pod = self.shared(pod);
         let old = if keeps(&pod) {
             self.pods.apply(key.clone(), pod.clone())

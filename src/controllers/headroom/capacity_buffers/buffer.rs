@@ -11,7 +11,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::watermark::{Condition, DEFAULT_PAUSE_IMAGE, DEFAULT_PRIORITY_CLASS};
+use crate::controllers::headroom::watermarks::watermark::{
+    Condition, DEFAULT_PAUSE_IMAGE, DEFAULT_PRIORITY_CLASS,
+};
 use crate::model::requests::{ResourceList, parse_list, written_list};
 use crate::naming::{PLACEHOLDER_GATE, WATERMARK_ENTRY_LABEL, WATERMARK_LABEL};
 use crate::runtime::resource::view_accessors;
@@ -350,3 +352,6 @@ pub(crate) fn status_patch(
         "conditions": conditions,
     }})
 }
+
+#[cfg(test)]
+mod tests;

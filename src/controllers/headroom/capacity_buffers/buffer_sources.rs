@@ -154,7 +154,7 @@ pub(super) fn revision(meta: &ObjectMeta) -> String {
 /// The source watches: which kinds are wanted (buffers name them) and the
 /// last revision seen of each named object.
 #[derive(Debug)]
-pub(super) struct Sources {
+pub(crate) struct Sources {
     pub(super) wanted: watch::Sender<BTreeSet<SourceKind>>,
     pub(super) seen: Mutex<HashMap<(SourceKind, String), String>>,
 }

@@ -13,9 +13,8 @@ use tracing::{debug, info};
 
 use super::buffer::{self, BufferApi, BufferView};
 use super::buffer_sources::source_of;
-use super::controller::{Controller, DeploymentWritten};
-use super::execute::deployments;
-use super::seed_sync::write_once;
+use crate::controllers::headroom::controller::{Controller, DeploymentWritten};
+use crate::controllers::headroom::execute::{deployments, write_once};
 use crate::model::views::PodView;
 use crate::runtime::error::{SyncError, kube_err};
 use crate::runtime::store::object_key;
@@ -28,7 +27,7 @@ struct Shape {
 
 impl Controller {
     /// Syncs the buffer `key` (`namespace/name`).
-    pub(super) async fn sync_buffer(&self, key: &str, api: &BufferApi) -> Result<(), SyncError> {
+    pub(crate) async fn sync_buffer(&self, key: &str, api: &BufferApi) -> Result<(), SyncError> {
         let Some(buf) = self.buffers.get(key) else {
             debug!("buffer is gone; its Deployment goes with it (owner reference)");
             return Ok(());
@@ -128,7 +127,7 @@ impl Controller {
     }
 
     /// Everything kept for a buffer that is gone.
-    pub(super) fn forget_buffer(&self, namespace: &str, name: &str) {
+    pub(crate) fn forget_buffer(&self, namespace: &str, name: &str) {
         self.buffer_written
             .lock()
             .unwrap()

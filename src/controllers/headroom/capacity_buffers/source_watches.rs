@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 
 use super::buffer_sources::{SourceKind, SourceView, revision, source_of};
-use super::controller::{BUFFER_KEY_PREFIX, Controller};
+use crate::controllers::headroom::controller::{BUFFER_KEY_PREFIX, Controller};
 use crate::runtime::informer::{Handler, Informer};
 use crate::runtime::store::object_key;
 
@@ -38,7 +38,7 @@ impl Controller {
 
     /// Runs the source watches as buffers come to name their kinds, until
     /// the process ends.
-    pub(super) async fn run_source_watches(self: &Arc<Self>) {
+    pub(crate) async fn run_source_watches(self: &Arc<Self>) {
         let mut wanted = self.sources.wanted.subscribe();
         let mut started: BTreeSet<SourceKind> = BTreeSet::new();
         let mut running = futures::stream::FuturesUnordered::new();

@@ -10,8 +10,9 @@ use kube::client::Body;
 use serde_json::{Value, json};
 use tower_test::mock;
 
-use super::controller::{Controller, Settings, Stores};
-use super::watermark::WatermarkView;
+use crate::controllers::headroom::controller::{Controller, Placeholders, Settings, Stores};
+use crate::controllers::headroom::operator_compat::seed::SeedWatermarkView;
+use crate::controllers::headroom::watermarks::watermark::WatermarkView;
 use crate::model::features::FeatureGates;
 use crate::model::views::{DeviceStores, NodeView, PodView};
 use crate::naming::{PLACEHOLDER_GATE, WATERMARK_ENTRY_LABEL, WATERMARK_LABEL};
@@ -170,7 +171,7 @@ async fn gates_are_lifted_by_a_guarded_json_patch() {
     let lift = tokio::spawn({
         let controller = controller.clone();
         async move {
-            let placeholders = super::controller::Placeholders::of_key(KEY).unwrap();
+            let placeholders = Placeholders::of_key(KEY).unwrap();
             controller.lift_gates(KEY, &placeholders).await
         }
     });
@@ -190,7 +191,7 @@ async fn gates_are_lifted_by_a_guarded_json_patch() {
 #[tokio::test]
 async fn a_seed_watermark_gets_the_seeds_deployment_and_conditions() {
     let (controller, mut handle) = controller();
-    let wm: super::seed::SeedWatermarkView = serde_json::from_value(json!({
+    let wm: SeedWatermarkView = serde_json::from_value(json!({
         "metadata": {"name": "us-west-2a", "namespace": "headroom", "uid": "seed-uid", "generation": 2},
         "spec": {"watermarkPercentage": 20, "nodeSelector": {"pool": "gpu"}},
     }))
@@ -248,7 +249,6 @@ async fn a_seed_watermark_gets_the_seeds_deployment_and_conditions() {
 /// label does not claim the buffer's placeholders, nor the other way.
 #[test]
 fn each_door_holds_only_its_own_placeholders() {
-    use super::controller::Placeholders;
     let pod = |labels: Value| -> PodView {
         serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "headroom",
                                                     "labels": labels}}))

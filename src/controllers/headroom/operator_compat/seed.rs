@@ -15,7 +15,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::watermark::{Condition, DEFAULT_PAUSE_IMAGE, selects};
+use crate::controllers::headroom::watermarks::watermark::{
+    Condition, DEFAULT_PAUSE_IMAGE, selects,
+};
 use crate::model::requests::{ResourceList, add_into, parse_list, written_list};
 use crate::model::views::{NodeView, PodView};
 use crate::naming::SEED_PLACEHOLDER_LABEL;
@@ -293,3 +295,6 @@ pub fn conditions(
     out.push(new);
     out
 }
+
+#[cfg(test)]
+mod tests;

@@ -10,30 +10,15 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tracing::{debug, info};
 
-use super::controller::{Controller, DeploymentWritten};
-use super::execute::deployments;
 use super::seed::{self, SeedWatermarkView};
+use crate::controllers::headroom::controller::{Controller, DeploymentWritten};
+use crate::controllers::headroom::execute::{deployments, write_once};
 use crate::runtime::error::{SyncError, kube_err};
 use crate::runtime::store::object_key;
 
-/// Runs `write` unless `slot` already holds `now` (what the object says
-/// since the last write); records `now` once the write went through.
-pub(super) async fn write_once<T: PartialEq>(
-    slot: &mut Option<T>,
-    now: T,
-    write: impl std::future::Future<Output = Result<(), SyncError>>,
-) -> Result<(), SyncError> {
-    if slot.as_ref() == Some(&now) {
-        return Ok(());
-    }
-    write.await?;
-    *slot = Some(now);
-    Ok(())
-}
-
 impl Controller {
     /// Syncs the seed watermark `key` (`namespace/name`).
-    pub(super) async fn sync_seed(&self, key: &str) -> Result<(), SyncError> {
+    pub(crate) async fn sync_seed(&self, key: &str) -> Result<(), SyncError> {
         let Some(wm) = self.seed_watermarks.get(key) else {
             debug!("seed watermark is gone; its Deployment goes with it (owner reference)");
             return Ok(());
@@ -118,7 +103,7 @@ impl Controller {
     }
 
     /// Everything kept for a seed watermark that is gone.
-    pub(super) fn forget_seed(&self, namespace: &str, name: &str) {
+    pub(crate) fn forget_seed(&self, namespace: &str, name: &str) {
         self.seed_written
             .lock()
             .unwrap()

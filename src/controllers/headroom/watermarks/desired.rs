@@ -164,7 +164,7 @@ fn placeholder_pod_spec(placement: &Placement, resources: Value, claims: Option<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controllers::headroom::watermark::WatermarkSpec;
+    use crate::controllers::headroom::watermarks::watermark::WatermarkSpec;
 
     #[test]
     fn cpu_memory_deployment_shape() {

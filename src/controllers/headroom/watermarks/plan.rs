@@ -1,6 +1,6 @@
 //! What a watermark wants now, decided from a snapshot of the stores
-//! (pure; table-tested below): the status it observes, and the objects
-//! that keep its placeholders.
+//! (pure; table-tested in `plan/tests.rs`): the status it observes, and
+//! the objects that keep its placeholders.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -201,3 +201,6 @@ impl Snapshot {
 fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
+
+#[cfg(test)]
+mod tests;

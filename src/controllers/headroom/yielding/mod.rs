@@ -1,6 +1,11 @@
 //! The yield: device placeholders that release their devices for a pod
 //! that waits for them (kube-scheduler cannot preempt pods for devices),
 //! and the promises that keep the freed devices for that pod for a while.
+//! The choice of placeholders is pure and table-tested ([`yield_choice`]);
+//! here the pod and its claims are read live, the chosen placeholders
+//! deleted and the promise kept.
+
+pub(crate) mod yield_choice;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -16,11 +21,8 @@ use super::controller::{
     BUFFER_KEY_PREFIX, Controller, PLACEHOLDER_PRIORITY, POD_KEY_PREFIX, Promise, RECHECK_WAITING,
     YIELD_EVERY,
 };
-use super::desired::CPU_MEMORY_ENTRY;
-use super::watermark::selects;
-use super::yield_choice::{
-    CandidateNode, Placeholder, WaitingPod, choose_yield, gate_hold, yield_spent_elsewhere,
-};
+use super::watermarks::desired::CPU_MEMORY_ENTRY;
+use super::watermarks::watermark::selects;
 use crate::allocate::Inventory;
 use crate::allocate::inventory::node_inventory;
 use crate::model::DeviceId;
@@ -28,6 +30,9 @@ use crate::model::views::{NodeView, PodView};
 use crate::runtime::error::SyncError;
 use crate::runtime::events::Involved;
 use crate::runtime::store::object_key;
+use yield_choice::{
+    CandidateNode, Placeholder, WaitingPod, choose_yield, gate_hold, yield_spent_elsewhere,
+};
 
 impl Controller {
     /// How much longer new placeholders stay gated (see [`gate_hold`]).
@@ -67,7 +72,7 @@ impl Controller {
         let Some(cached) = self.pods.get(key) else {
             return Ok(());
         };
-        if !super::usage::waits_for_devices(&cached, PLACEHOLDER_PRIORITY) {
+        if !super::watermarks::usage::waits_for_devices(&cached, PLACEHOLDER_PRIORITY) {
             return Ok(());
         }
         let uid = cached.uid().to_string();

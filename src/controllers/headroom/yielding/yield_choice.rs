@@ -285,3 +285,6 @@ pub(crate) fn gate_hold(
         .map(|(since, _)| hold - since)
         .max()
 }
+
+#[cfg(test)]
+mod tests;

@@ -2,8 +2,10 @@
 
 use serde_json::json;
 
-use super::buffer::*;
-use super::watermark::{DEFAULT_PAUSE_IMAGE, DEFAULT_PRIORITY_CLASS};
+use super::*;
+use crate::controllers::headroom::watermarks::watermark::{
+    DEFAULT_PAUSE_IMAGE, DEFAULT_PRIORITY_CLASS,
+};
 use crate::model::requests::ResourceList;
 use crate::model::requests::parse_list;
 use crate::naming::{PLACEHOLDER_GATE, WATERMARK_ENTRY_LABEL, WATERMARK_LABEL};

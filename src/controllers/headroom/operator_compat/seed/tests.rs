@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::seed::*;
-use super::watermark::DEFAULT_PAUSE_IMAGE;
+use super::*;
+use crate::controllers::headroom::watermarks::watermark::DEFAULT_PAUSE_IMAGE;
 use crate::model::requests::{ResourceList, parse_list};
 use crate::model::views::PodView;
 use crate::naming::SEED_PLACEHOLDER_LABEL;

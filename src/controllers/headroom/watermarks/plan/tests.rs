@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::plan::{Plan, Snapshot};
-use super::status::EntryObserved;
-use super::watermark::WatermarkView;
+use super::{Plan, Snapshot};
+use crate::controllers::headroom::watermarks::status::EntryObserved;
+use crate::controllers::headroom::watermarks::watermark::WatermarkView;
 use crate::model::views::{NodeView, PodView};
 use crate::naming::{SEED_PLACEHOLDER_LABEL, WATERMARK_ENTRY_LABEL, WATERMARK_LABEL};
 

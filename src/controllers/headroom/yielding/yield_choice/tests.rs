@@ -7,7 +7,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{NodeSelector, Taint, Toleration};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 
-use super::yield_choice::*;
+use super::*;
 use crate::allocate::Inventory;
 use crate::allocate::node_inventory;
 use crate::model::DeviceId;
