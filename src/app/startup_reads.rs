@@ -3,6 +3,7 @@
 //! each read retried until answered.
 
 use super::*;
+use crate::model::views::PodGroupApi;
 
 /// What start-up must read from the API server before any work.
 pub(super) struct StartupReads {
@@ -32,9 +33,7 @@ pub(super) async fn startup_reads(
         None
     };
     let pod_group_api = match pod_groups_why {
-        Some(why) => Some(
-            crate::controllers::resourceclaim::discover_pod_group_api(client, health, why).await?,
-        ),
+        Some(why) => Some(discover_pod_group_api(client, health, why).await?),
         None => None,
     };
     let allocate_on_nodes = declared_nodes(client, &args.allocate_on_nodes, health).await?;
@@ -43,6 +42,31 @@ pub(super) async fn startup_reads(
         pod_group_api,
         allocate_on_nodes,
     })
+}
+
+/// Which PodGroup API the API server serves, newest first. Asked once at
+/// start-up when PodGroups are read (`why` names the gate that asks); a
+/// read that fails is retried, an API server that serves none is a
+/// configuration to change.
+async fn discover_pod_group_api(
+    client: &kube::Client,
+    health: &Health,
+    why: &str,
+) -> anyhow::Result<PodGroupApi> {
+    let served = PodGroupApi::API
+        .discover_until_answered(client, health)
+        .await;
+    if let Some(version) = served {
+        info!(api_version = %format!("{}/{version}", PodGroupApi::GROUP), "serving PodGroup claims");
+        return Ok(PodGroupApi { version });
+    }
+    anyhow::bail!(
+        "{why} needs PodGroups, but the API server serves none of scheduling.k8s.io/{} \
+         podgroups: enable them on kube-apiserver (--runtime-config=scheduling.k8s.io/v1alpha2=true \
+         and --feature-gates=GenericWorkload=true,DRAWorkloadResourceClaims=true on Kubernetes \
+         1.36), or turn the gate off here",
+        PodGroupApi::VERSIONS.join(", ")
+    )
 }
 
 /// The release whose rules apply and where that came from: pinned by the

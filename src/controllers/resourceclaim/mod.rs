@@ -56,10 +56,6 @@ use context::Context;
 use enqueue::{Why, WorkKey};
 use metrics::{ControllerMetrics, MetricsNaming};
 
-/// Whether the API server serves PodGroups (the DRAWorkloadResourceClaims
-/// gate needs them), for `app.rs`.
-pub use podgroup::discover_api as discover_pod_group_api;
-
 /// The queue name, as kube-controller-manager's (`workqueue_*{name="resource_claim"}`).
 pub(crate) const QUEUE_NAME: &str = "resource_claim";
 /// The source of our events, as kube-controller-manager's controller names it.

@@ -10,7 +10,6 @@
 use std::collections::BTreeMap;
 
 use kube::api::Api;
-use tracing::info;
 
 use super::cache::Caches;
 use super::context::Context;
@@ -182,30 +181,5 @@ pub(crate) fn members(
     caches.pods.by_index(
         crate::model::indexes::PODS_BY_GROUP,
         &object_key(group.namespace(), group.name()),
-    )
-}
-
-/// Which PodGroup API the API server serves, newest first. Asked once at
-/// start-up when PodGroups are read (`why` names the gate that asks); a
-/// read that fails is retried, an API server that serves none is a
-/// configuration to change.
-pub async fn discover_api(
-    client: &kube::Client,
-    health: &crate::runtime::http::Health,
-    why: &str,
-) -> anyhow::Result<PodGroupApi> {
-    let served = PodGroupApi::API
-        .discover_until_answered(client, health)
-        .await;
-    if let Some(version) = served {
-        info!(api_version = %format!("{}/{version}", PodGroupApi::GROUP), "serving PodGroup claims");
-        return Ok(PodGroupApi { version });
-    }
-    anyhow::bail!(
-        "{why} needs PodGroups, but the API server serves none of scheduling.k8s.io/{} \
-         podgroups: enable them on kube-apiserver (--runtime-config=scheduling.k8s.io/v1alpha2=true \
-         and --feature-gates=GenericWorkload=true,DRAWorkloadResourceClaims=true on Kubernetes \
-         1.36), or turn the gate off here",
-        PodGroupApi::VERSIONS.join(", ")
     )
 }
