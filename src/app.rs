@@ -36,6 +36,7 @@ use crate::runtime::controller::Lead;
 use crate::runtime::delegated::Gate;
 use crate::runtime::http::{Health, MetricsAccess, start_servers};
 use crate::runtime::leader::{LeaderElection, LeaderElectionOptions};
+use crate::runtime::optional_api::ApiStatus;
 use crate::runtime::tls::{CertFiles, CertSource, server_config};
 pub use startup_reads::minor_version;
 use startup_reads::{StartupReads, reference_release, register_release_gauge, startup_reads};
@@ -86,6 +87,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let registry = prometheus::Registry::new();
     let exposition = crate::runtime::exposition::Exposition::from(registry.clone());
     let health = Health::default();
+    let apis = ApiStatus::register(&registry, health.clone())?;
 
     let client_opts = ClientOptions {
         qps: args.kube_api_qps,
@@ -142,7 +144,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         pod_group_api,
         allocate_on_nodes,
     } = tokio::select! {
-        reads = startup_reads(&client, &args, gates, &health) => reads?,
+        reads = startup_reads(&client, &args, gates, &health, &apis) => reads?,
         _ = stopped(stop_rx.clone()) => {
             info!("stopping before start-up reads were answered");
             servers.wait().await?;
@@ -307,7 +309,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 &registry,
                 controller.reachability().clone(),
             )?;
-            tokio::spawn(requests.clone().run_watch(client.clone()));
+            tokio::spawn(requests.clone().run_watch(client.clone(), apis.clone()));
             info!("ResourcePoolStatusRequests are answered (DRAResourcePoolStatus is on)");
             Some(requests)
         } else {
@@ -331,7 +333,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     if reads_devices {
         let watches = device_watches.clone();
         let client = client.clone();
-        tokio::spawn(async move { watches.run(client, device_observers).await });
+        let apis = apis.clone();
+        tokio::spawn(async move { watches.run(client, device_observers, apis).await });
     }
     let also_pods: Vec<Arc<dyn Handler<PodView>>> = headroom
         .iter()

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::model::views::PodGroupApi;
+use crate::runtime::optional_api::{ApiStatus, Discovered};
 
 /// What start-up must read from the API server before any work.
 pub(super) struct StartupReads {
@@ -19,6 +20,7 @@ pub(super) async fn startup_reads(
     args: &Args,
     gates: crate::model::features::FeatureGates,
     health: &Health,
+    apis: &ApiStatus,
 ) -> anyhow::Result<StartupReads> {
     let (release, source) = reference_release(client, args.reference_release, health).await?;
     info!(release = %release, source, "acting as kube-controller-manager {release}'s resourceclaim-controller");
@@ -33,7 +35,7 @@ pub(super) async fn startup_reads(
         None
     };
     let pod_group_api = match pod_groups_why {
-        Some(why) => Some(discover_pod_group_api(client, health, why).await?),
+        Some(why) => Some(discover_pod_group_api(client, health, apis, why).await?),
         None => None,
     };
     let allocate_on_nodes = declared_nodes(client, &args.allocate_on_nodes, health).await?;
@@ -51,11 +53,16 @@ pub(super) async fn startup_reads(
 async fn discover_pod_group_api(
     client: &kube::Client,
     health: &Health,
+    apis: &ApiStatus,
     why: &str,
 ) -> anyhow::Result<PodGroupApi> {
     let served = PodGroupApi::API
         .discover_until_answered(client, health)
         .await;
+    let found = served
+        .clone()
+        .map_or(Discovered::NotServed, Discovered::Served);
+    apis.report(&PodGroupApi::API, &found, why);
     if let Some(version) = served {
         info!(api_version = %format!("{}/{version}", PodGroupApi::GROUP), "serving PodGroup claims");
         return Ok(PodGroupApi { version });

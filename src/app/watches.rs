@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use crate::model::device_taints::RulesVersion;
 use crate::model::views::{DeviceStores, NodeView};
 use crate::runtime::informer::{Handler, Informer, Observer};
-use crate::runtime::optional_api::{DISCOVERY_PER_TRY, DISCOVERY_TRIES, Discovered};
+use crate::runtime::optional_api::{ApiStatus, DISCOVERY_PER_TRY, DISCOVERY_TRIES, Discovered};
 use crate::runtime::shared::Mirror;
 
 /// Who observes each kind. A kind is watched when someone observes it, or
@@ -91,7 +91,12 @@ impl DeviceWatches {
     }
 
     /// Runs the watches of the kinds read until the process ends.
-    pub(crate) async fn run(&self, client: kube::Client, observers: DeviceObservers) {
+    pub(crate) async fn run(
+        &self,
+        client: kube::Client,
+        observers: DeviceObservers,
+        apis: ApiStatus,
+    ) {
         let kinds = self.kinds();
         // managedFields are most of a slice's size (an entry per device
         // field, per writer), and no room reads them.
@@ -133,14 +138,19 @@ impl DeviceWatches {
                 kinds.nodes,
                 self.nodes.run(Api::<NodeView>::all(client.clone()), &nodes)
             ),
-            when(kinds.rules, self.run_rules(client.clone(), &rules)),
+            when(kinds.rules, self.run_rules(client.clone(), &rules, &apis)),
         );
     }
 
     /// Finds the rules' API, then watches it; a `v1beta2` rule is read
     /// as the `v1` one it is field for field.
-    async fn run_rules(&self, client: kube::Client, rules: &Mirror<DeviceTaintRule>) {
-        let Some(version) = discover_rules_version(&client).await else {
+    async fn run_rules(
+        &self,
+        client: kube::Client,
+        rules: &Mirror<DeviceTaintRule>,
+        apis: &ApiStatus,
+    ) {
+        let Some(version) = discover_rules_version(&client, apis).await else {
             warn!(
                 "DRADeviceTaintRules is on, but the API server serves no DeviceTaintRule (or did not answer its discovery) \
                  (resource.k8s.io v1 or v1beta2): rules are ignored. On Kubernetes 1.36, enable \
@@ -203,10 +213,16 @@ async fn when(on: bool, watch: impl Future<Output = ()>) {
 /// Which version serves DeviceTaintRules: `v1` first, then `v1beta2`;
 /// `None` when neither lists the resource (or discovery got no answer in
 /// [`DISCOVERY_TRIES`] tries).
-async fn discover_rules_version(client: &kube::Client) -> Option<RulesVersion> {
+async fn discover_rules_version(client: &kube::Client, apis: &ApiStatus) -> Option<RulesVersion> {
     let found = RulesVersion::API
         .discover(client, DISCOVERY_TRIES, DISCOVERY_PER_TRY)
         .await;
+    apis.report(
+        &RulesVersion::API,
+        &found,
+        "on Kubernetes 1.36 enable kube-apiserver's --runtime-config=resource.k8s.io/v1beta2=true \
+         and its DRADeviceTaintRules gate, then restart this controller",
+    );
     match found {
         Discovered::Served(version) => Some(RulesVersion::from_served(&version)),
         Discovered::NotServed | Discovered::NoAnswer => None,

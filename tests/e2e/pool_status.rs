@@ -285,6 +285,7 @@ async fn pool_status_requests_answered_once_with_the_reference_counts() {
         "resourcepoolstatusrequest_controller_requests_processed_total{driver_name=\"pools.example.com\"} 5",
         "resourcepoolstatusrequest_controller_requests_processed_total{driver_name=\"none.example.com\"} 1",
         "resourcepoolstatusrequest_controller_request_processing_duration_seconds_count{driver_name=\"pools.example.com\"} 5",
+        "dra_claim_controller_optional_api_served{api=\"resourcepoolstatusrequests.resource.k8s.io\"} 1",
     ] {
         assert!(
             metrics.lines().any(|l| l == line),
@@ -295,6 +296,51 @@ async fn pool_status_requests_answered_once_with_the_reference_counts() {
         !metrics.contains("resourcepoolstatusrequest_controller_request_processing_errors_total{"),
         "no write failed"
     );
+    t.finish();
+}
+
+/// An API server that does not serve the requests' API (the gate on here,
+/// not there) closes only that door: claims are still made, the process is
+/// ready and runs on, and `/readyz` and the metric say what is missing and
+/// how to serve it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unserved_request_api_closes_only_its_own_door() {
+    const NAME: &str = "an_unserved_request_api_closes_only_its_own_door";
+    let opts = ControllerOpts {
+        feature_gates: gates(),
+        ..ControllerOpts::default()
+    };
+    let Some(mut t) = TestCtx::isolated(NAME, opts, 0).await else {
+        return;
+    };
+    if !crate::podgroups::start_with_gate_rbac(&mut t, NAME, &gates()).await {
+        return;
+    }
+    t.create_template("tmpl").await;
+    t.create_pod("pod", &[("gpu", Source::Template("tmpl"))], None)
+        .await;
+    t.wait_recorded("pod", &["gpu"]).await;
+    let health = t.controller().health;
+    wait_for("/readyz to name the missing API", TIMEOUT, async || {
+        let (code, body) = crate::rawhttp::get(health, "/readyz").await?;
+        ensure!(
+            code == 200
+                && body.contains(
+                    "optional API resourcepoolstatusrequests.resource.k8s.io: not served"
+                )
+                && body.contains("--runtime-config=resource.k8s.io/v1alpha3=true"),
+            "{code} {body}"
+        );
+        Ok(())
+    })
+    .await;
+    let metrics = t.controller().metrics_text().await.unwrap();
+    let line = "dra_claim_controller_optional_api_served{api=\"resourcepoolstatusrequests.resource.k8s.io\"} 0";
+    assert!(
+        metrics.lines().any(|l| l == line),
+        "missing {line:?} in the metrics"
+    );
+    assert_eq!(t.restarts(), 0, "a missing API never stops the process");
     t.finish();
 }
 

@@ -10,8 +10,16 @@
 //!   server that never answers does not keep a room from working;
 //! - [`OptionalApi::discover_until_answered`]: retried until answered, for
 //!   an API the process cannot start without once a flag asks for it.
+//!
+//! What was found is said where an admin looks ([`ApiStatus`]): a log line,
+//! `dra_claim_controller_optional_api_served{api}` and, while an API is
+//! missing, a line in `/readyz` (which stays ready: a missing API closes
+//! its own door, never the process).
 
 use std::time::Duration;
+
+use prometheus::{IntGaugeVec, Opts, Registry};
+use tracing::warn;
 
 use super::http::Health;
 use super::retry::Backoff;
@@ -88,7 +96,7 @@ impl OptionalApi {
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => format!("no answer within {} s", per_try.as_secs_f64()),
             };
-            tracing::warn!(
+            warn!(
                 group = self.group,
                 plural = self.plural,
                 attempt,
@@ -119,6 +127,54 @@ impl OptionalApi {
             permission: "get on the non-resource URLs /apis and /apis/* (system:discovery)",
         };
         read_until_answered(read, health, PER_TRY_DEADLINE, || self.probe(client)).await
+    }
+}
+
+/// Where discovery's findings are shown: one gauge series and, while the
+/// API is missing, one `/readyz` note per API (the asker logs what it does
+/// about it). Cheap to clone.
+#[derive(Clone)]
+pub struct ApiStatus {
+    served: IntGaugeVec,
+    health: Health,
+}
+
+impl ApiStatus {
+    pub fn register(registry: &Registry, health: Health) -> prometheus::Result<ApiStatus> {
+        let served = IntGaugeVec::new(
+            Opts::new(
+                "dra_claim_controller_optional_api_served",
+                "1 while the API server serves an optional API this process reads, 0 when it \
+                 serves none of the versions read or discovery got no answer: the rooms that \
+                 need it do without it.",
+            ),
+            &["api"],
+        )?;
+        registry.register(Box::new(served.clone()))?;
+        Ok(ApiStatus { served, health })
+    }
+
+    /// Records what discovery found of `api`; `remedy` says what an admin
+    /// does to serve it (logged and shown in `/readyz` while missing).
+    pub fn report(&self, api: &OptionalApi, found: &Discovered, remedy: &str) {
+        let name = api.name();
+        let part = format!("optional API {name}");
+        match found {
+            Discovered::Served(_) => {
+                self.served.with_label_values(&[&name]).set(1);
+                self.health.set_note(&part, None);
+            }
+            Discovered::NotServed | Discovered::NoAnswer => {
+                let why = if *found == Discovered::NotServed {
+                    "not served"
+                } else {
+                    "discovery got no answer"
+                };
+                self.served.with_label_values(&[&name]).set(0);
+                self.health
+                    .set_note(&part, Some(format!("{why}: {remedy}")));
+            }
+        }
     }
 }
 

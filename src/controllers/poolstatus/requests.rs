@@ -44,7 +44,9 @@ use crate::model::views::ClaimView;
 use crate::runtime::controller::{Action, Controller as Run, Queue, Reconciler, Sweep, Wake};
 use crate::runtime::error::{SyncError, kube_err};
 use crate::runtime::informer::{Handler, Informer};
-use crate::runtime::optional_api::{DISCOVERY_PER_TRY, DISCOVERY_TRIES, Discovered, OptionalApi};
+use crate::runtime::optional_api::{
+    ApiStatus, DISCOVERY_PER_TRY, DISCOVERY_TRIES, Discovered, OptionalApi,
+};
 use crate::runtime::reachability::Reachability;
 use crate::runtime::retry::Backoff;
 use crate::runtime::store::Store;
@@ -135,12 +137,18 @@ impl Controller {
     /// served, says how to turn it on and does nothing more. Discovery
     /// that gets no answer is asked again, with backoff, for as long as it
     /// takes: nothing else waits for this watch.
-    pub(crate) async fn run_watch(self: Arc<Self>, client: kube::Client) {
+    pub(crate) async fn run_watch(self: Arc<Self>, client: kube::Client, apis: ApiStatus) {
         let mut backoff = Backoff::default();
         loop {
             let found = REQUESTS_API
                 .discover(&client, DISCOVERY_TRIES, DISCOVERY_PER_TRY)
                 .await;
+            apis.report(
+                &REQUESTS_API,
+                &found,
+                "enable kube-apiserver's --runtime-config=resource.k8s.io/v1alpha3=true and its \
+                 DRAResourcePoolStatus gate, then restart this controller",
+            );
             match found {
                 Discovered::Served(_) => break,
                 Discovered::NotServed => {
