@@ -388,5 +388,4 @@ pub fn answered_at(
 }
 
 #[cfg(test)]
-#[path = "pool_status_tests.rs"]
 mod tests;

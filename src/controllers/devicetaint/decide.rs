@@ -156,3 +156,6 @@ pub fn pod_eviction<C: std::ops::Deref<Target = ClaimView>>(
     }
     eviction
 }
+
+#[cfg(test)]
+mod tests;

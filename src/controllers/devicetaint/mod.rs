@@ -21,13 +21,9 @@
 //! controller's, the slices and rules the process's shared watches'.
 
 pub mod decide;
-#[cfg(test)]
-mod decide_tests;
 mod evict;
 mod metrics;
 mod rule_status;
-#[cfg(test)]
-mod rule_status_tests;
 mod rule_sync;
 mod tracking;
 mod watches;

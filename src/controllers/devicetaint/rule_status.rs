@@ -200,3 +200,6 @@ pub(crate) fn status_write(
     }
     StatusWrite::Write(wanted)
 }
+
+#[cfg(test)]
+mod tests;

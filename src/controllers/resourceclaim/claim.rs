@@ -488,3 +488,6 @@ async fn lookup_pod(ctx: &Context, ns: &str, name: &str, uid: &str) -> Result<Li
     )))?;
     Ok(LivePod::of(pod.as_ref(), uid))
 }
+
+#[cfg(test)]
+mod tests;

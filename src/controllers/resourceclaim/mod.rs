@@ -30,13 +30,6 @@ mod resync;
 mod watches;
 mod worker;
 
-#[cfg(test)]
-mod decision_tests;
-#[cfg(test)]
-mod execute_tests;
-#[cfg(test)]
-mod podgroup_tests;
-
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 

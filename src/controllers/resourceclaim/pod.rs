@@ -434,3 +434,6 @@ pub(crate) fn not_allocated_message(claim_name: &str, node: &str) -> String {
          prescheduledPods.policy.enabled=true"
     )
 }
+
+#[cfg(test)]
+mod tests;

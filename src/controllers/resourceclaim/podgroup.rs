@@ -183,3 +183,6 @@ pub(crate) fn members(
         &object_key(group.namespace(), group.name()),
     )
 }
+
+#[cfg(test)]
+mod tests;

@@ -404,5 +404,4 @@ fn shareable_summary_of(
 }
 
 #[cfg(test)]
-#[path = "summaries_tests.rs"]
 mod tests;

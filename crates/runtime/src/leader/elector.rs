@@ -395,3 +395,6 @@ impl Elector {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

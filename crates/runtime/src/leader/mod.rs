@@ -39,8 +39,6 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 mod elector;
-#[cfg(test)]
-mod elector_tests;
 #[doc(hidden)]
 pub mod fake_api;
 pub mod rules;

@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use super::cache::Caches;
-use super::claim::{self, ClaimActions, ClaimDecision, LivePod};
-use super::enqueue::pod_needs_work;
-use super::pod::{self, EntryAction};
+use super::super::cache::Caches;
+use super::super::claim::{self, ClaimActions, ClaimDecision, LivePod};
+use super::super::enqueue::pod_needs_work;
+use super::super::pod::{self, EntryAction};
 use crate::controllers::test_support::merge;
 use crate::model::consumers::DELETE_PROTECTION_FINALIZER;
 use crate::model::consumers::pod_consumer;
@@ -1030,7 +1030,7 @@ fn pods_wait_to_start_follows_the_pod_cache() {
 /// sends, one write after the other, for each shape of claim work.
 #[test]
 fn claim_writes_come_in_a_safe_order() {
-    use super::claim::ClaimWrite::{Deallocate, Delete, ReleaseFinalizer, Reservations};
+    use super::super::claim::ClaimWrite::{Deallocate, Delete, ReleaseFinalizer, Reservations};
     let consumer: k8s_openapi::api::resource::v1::ResourceClaimConsumerReference =
         serde_json::from_value(json!({"resource": "pods", "name": "p", "uid": "u"})).unwrap();
     // (case, actions, allocated now, deleting now, writes in order)

@@ -1,8 +1,8 @@
-//! The election against an in-memory Lease endpoint ([`super::fake_api`]):
-//! acquire, renew, a conflicting writer, release, a renew deadline that
-//! passes. On tokio's paused clock: the timings are the production ones
-//! and a test takes no real time; every wait is for an observed state,
-//! bounded.
+//! The election against an in-memory Lease endpoint
+//! ([`super::super::fake_api`]): acquire, renew, a conflicting writer,
+//! release, a renew deadline that passes. On tokio's paused clock: the
+//! timings are the production ones and a test takes no real time; every
+//! wait is for an observed state, bounded.
 
 use std::time::Duration;
 
@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use prometheus::Registry;
 
-use super::fake_api::FakeLeaseApi;
-use super::{LeaderElection, LeaderElectionOptions, LeaderHandle, LeadershipLost};
+use super::super::fake_api::FakeLeaseApi;
+use super::super::{LeaderElection, LeaderElectionOptions, LeaderHandle, LeadershipLost};
 
 const ME: &str = "replica-a";
 const LEASE_DURATION: Duration = Duration::from_secs(15);

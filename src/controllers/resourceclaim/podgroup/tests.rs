@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use super::cache::Caches;
-use super::claim::{self, ClaimDecision};
-use super::pod::{self, EntryAction};
-use super::podgroup;
+use super::super::cache::Caches;
+use super::super::claim::{self, ClaimDecision};
+use super::super::pod::{self, EntryAction};
+use super::super::podgroup;
 use crate::controllers::test_support::merge;
 use crate::model::features::{FeatureGates, Release};
 use crate::model::views::{ClaimView, PodGroupApi, PodGroupView, PodView, TemplateView};

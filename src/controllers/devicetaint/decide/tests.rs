@@ -9,7 +9,7 @@ use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
-use super::decide::{Eviction, pod_eviction};
+use super::{Eviction, pod_eviction};
 use crate::controllers::test_support::merge;
 use crate::model::device_taints::{DeviceTaints, TaintRule, TaintSource};
 use crate::model::views::{ClaimView, PodView};

@@ -8,7 +8,7 @@ use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::json;
 
-use super::rule_status::*;
+use super::*;
 
 fn condition(status: &'static str, reason: &'static str, message: &str) -> RuleCondition {
     RuleCondition {

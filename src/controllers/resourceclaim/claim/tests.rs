@@ -9,10 +9,10 @@ use kube::client::Body;
 use serde_json::{Value, json};
 use tower_test::mock;
 
-use super::cache::Caches;
-use super::context::Context;
-use super::metrics::{ControllerMetrics, MetricsNaming};
-use super::{claim, pod};
+use super::super::cache::Caches;
+use super::super::context::Context;
+use super::super::metrics::{ControllerMetrics, MetricsNaming};
+use super::super::{claim, pod};
 use crate::model::consumers::DELETE_PROTECTION_FINALIZER;
 use crate::model::features::FeatureGates;
 use crate::model::views::{ClaimView, PodView, TemplateView};
