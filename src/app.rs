@@ -141,6 +141,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     // or until told to stop.
     let StartupReads {
         release,
+        served_minor,
         pod_group_api,
         allocate_on_nodes,
     } = tokio::select! {
@@ -152,7 +153,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     gates.release = release;
-    register_release_gauge(&registry, release)?;
+    register_release_gauge(&registry, release, served_minor)?;
     // The allocator's declared nodes are created first: the claim
     // controller reads them to know whose claims are allocated here.
     let declared = allocate_on_nodes
@@ -422,7 +423,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         };
         match now {
-            Ok(Ok((now, _))) if now != release => {
+            Ok(Ok(now)) if now.release != release => {
+                let now = now.release;
                 warn!(started_as = %release, serving = %now, "the API server's release changed since start; restarting to follow it");
                 leader.release().await;
                 return Ok(ExitCode::from(1));
@@ -568,9 +570,10 @@ mod tests {
                                "gitTreeState": "", "buildDate": "", "goVersion": "", "compiler": "",
                                "platform": "linux/amd64"}),
         ));
-        let (release, source) = read.await.unwrap().unwrap();
-        assert_eq!(release, Release::V1_36);
-        assert_eq!(source, "the API server's version");
+        let read = read.await.unwrap().unwrap();
+        assert_eq!(read.release, Release::V1_36);
+        assert_eq!(read.source, "the API server's version");
+        assert_eq!(read.served_minor, Some(36));
         drop(lost);
     }
 

@@ -170,7 +170,7 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = MetricsNaming::Both)]
     pub metrics_naming: MetricsNaming,
 
-    /// Which kube-controller-manager release the claim controller acts as where 1.36 and 1.37 differ: 1.36, 1.37, or auto (the API server's version, read at start and again when this replica takes the lead: 1.37 rules from 1.37 on).
+    /// Which kube-controller-manager release the controllers act as where releases differ: 1.36, 1.37, 1.38, or auto (the API server's version, read at start and again when this replica takes the lead; a server newer than 1.38 is served with 1.38's rules, and the start-up log and dra_claim_controller_reference_release{api_server} say so).
     #[arg(long, default_value = "auto", value_parser = parse_reference_release)]
     pub reference_release: ReferenceRelease,
 
@@ -491,7 +491,13 @@ mod tests {
             pinned.reference_release,
             ReferenceRelease::Pinned(Release::V1_37)
         );
-        assert!(Args::try_parse_from(["x", "--reference-release=1.38"]).is_err());
+        assert_eq!(
+            Args::try_parse_from(["x", "--reference-release=1.38"])
+                .unwrap()
+                .reference_release,
+            ReferenceRelease::Pinned(Release::V1_38)
+        );
+        assert!(Args::try_parse_from(["x", "--reference-release=1.39"]).is_err());
         let named = Args::try_parse_from(["x", "--metrics-naming=1.37"]).unwrap();
         assert_eq!(named.metrics_naming, MetricsNaming::V1_37);
         assert!(Args::try_parse_from(["x", "--metrics-naming=1.38"]).is_err());

@@ -62,6 +62,8 @@ mod real_node_drain;
 #[path = "e2e/real_node.rs"]
 mod real_node_tests;
 
+#[path = "e2e/release_1_38.rs"]
+mod release_1_38;
 #[path = "e2e/scenarios_claims.rs"]
 mod scenarios_claims;
 #[path = "e2e/scenarios_decisions.rs"]

@@ -9,6 +9,9 @@ use crate::runtime::optional_api::{ApiStatus, Discovered};
 /// What start-up must read from the API server before any work.
 pub(super) struct StartupReads {
     pub(super) release: Release,
+    /// The API server's minor version, when `--reference-release=auto`
+    /// read it (for the release metric).
+    pub(super) served_minor: Option<u32>,
     pub(super) pod_group_api: Option<crate::model::views::PodGroupApi>,
     pub(super) allocate_on_nodes: Option<(String, LabelSelector)>,
 }
@@ -22,8 +25,21 @@ pub(super) async fn startup_reads(
     health: &Health,
     apis: &ApiStatus,
 ) -> anyhow::Result<StartupReads> {
-    let (release, source) = reference_release(client, args.reference_release, health).await?;
-    info!(release = %release, source, "acting as kube-controller-manager {release}'s resourceclaim-controller");
+    let ReleaseRead {
+        release,
+        source,
+        served_minor,
+    } = reference_release(client, args.reference_release, health).await?;
+    info!(release = %release, source, "acting as kube-controller-manager {release}'s DRA controllers");
+    if let Some(minor) = served_minor.filter(|m| Release::is_newer_than_known(*m)) {
+        warn!(
+            release = %release,
+            api_server = %format!("1.{minor}"),
+            "the API server is Kubernetes 1.{minor}, newer than the newest release whose rules this \
+             controller knows: acting as {release}'s kube-controller-manager; upgrade this controller \
+             to follow 1.{minor}'s, or pin --reference-release to silence this"
+        );
+    }
     // PodGroups are read with DRAWorkloadResourceClaims, and in 1.37 also
     // with GenericWorkload (a pod's group is looked up whatever the other
     // gate says).
@@ -41,6 +57,7 @@ pub(super) async fn startup_reads(
     let allocate_on_nodes = declared_nodes(client, &args.allocate_on_nodes, health).await?;
     Ok(StartupReads {
         release,
+        served_minor,
         pod_group_api,
         allocate_on_nodes,
     })
@@ -76,15 +93,28 @@ async fn discover_pod_group_api(
     )
 }
 
-/// The release whose rules apply and where that came from: pinned by the
-/// flag, or the API server's version.
+/// The release whose rules apply, where that came from, and the API
+/// server's minor version when it was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ReleaseRead {
+    pub(super) release: Release,
+    pub(super) source: &'static str,
+    pub(super) served_minor: Option<u32>,
+}
+
+/// The release whose rules apply: pinned by the flag, or the API server's
+/// version (a minor newer than any known is served as the newest known).
 pub(super) async fn reference_release(
     client: &kube::Client,
     flag: ReferenceRelease,
     health: &Health,
-) -> anyhow::Result<(Release, &'static str)> {
+) -> anyhow::Result<ReleaseRead> {
     match flag {
-        ReferenceRelease::Pinned(release) => Ok((release, "--reference-release")),
+        ReferenceRelease::Pinned(release) => Ok(ReleaseRead {
+            release,
+            source: "--reference-release",
+            served_minor: None,
+        }),
         ReferenceRelease::Auto => {
             let read = StartupRead {
                 what: "the API server's version (GET /version) for --reference-release=auto",
@@ -97,11 +127,15 @@ pub(super) async fn reference_release(
             let minor = minor_version(&info.minor).ok_or_else(|| {
                 anyhow::anyhow!(
                     "--reference-release=auto: the API server reports minor version {:?}, which \
-                     is not a number; pin the release with --reference-release=1.36 or 1.37",
+                     is not a number; pin the release with --reference-release=1.36, 1.37 or 1.38",
                     info.minor
                 )
             })?;
-            Ok((Release::for_minor(minor), "the API server's version"))
+            Ok(ReleaseRead {
+                release: Release::for_minor(minor),
+                source: "the API server's version",
+                served_minor: Some(minor),
+            })
         }
     }
 }
@@ -113,20 +147,26 @@ pub fn minor_version(minor: &str) -> Option<u32> {
     digits.parse().ok()
 }
 
-/// `dra_claim_controller_reference_release{release}`: 1 for the release
-/// whose rules apply.
+/// `dra_claim_controller_reference_release{release,api_server}`: 1 for
+/// the release whose rules apply; `api_server` is the API server's release
+/// when it was read (`--reference-release=auto`), so that a server newer
+/// than any release known shows as `release="1.38",api_server="1.39"`.
 pub(super) fn register_release_gauge(
     registry: &prometheus::Registry,
     release: Release,
+    served_minor: Option<u32>,
 ) -> anyhow::Result<()> {
     let gauge = prometheus::IntGaugeVec::new(
         prometheus::Opts::new(
             "dra_claim_controller_reference_release",
-            "The kube-controller-manager release whose resourceclaim-controller rules apply (--reference-release, or the API server's version): 1 for that release.",
+            "The kube-controller-manager release whose DRA controllers' rules apply (--reference-release, or the API server's version): 1 for that release; api_server is the API server's release when read.",
         ),
-        &["release"],
+        &["release", "api_server"],
     )?;
-    gauge.with_label_values(&[&release.to_string()]).set(1);
+    let served = served_minor.map(|m| format!("1.{m}")).unwrap_or_default();
+    gauge
+        .with_label_values(&[&release.to_string(), &served])
+        .set(1);
     registry.register(Box::new(gauge))?;
     Ok(())
 }

@@ -55,7 +55,7 @@ pub async fn controller_behind_proxy(t: &mut TestCtx, plan: FaultPlan) -> FaultP
 
 /// The fault proxy in front of the isolated API server, and a kubeconfig
 /// for it with the controller's token.
-async fn fault_proxy_kubeconfig(
+pub(crate) async fn fault_proxy_kubeconfig(
     t: &mut TestCtx,
     plan: FaultPlan,
 ) -> (FaultProxy, std::path::PathBuf) {

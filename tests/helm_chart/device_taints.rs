@@ -56,3 +56,47 @@ fn device_taint_eviction_values_are_checked() {
         assert!(err.contains("maxShare"), "maxShare={bad}: {err}");
     }
 }
+
+/// The DeviceTaintRule versions whose discovery the bound ClusterRole
+/// grants.
+fn rule_discovery(docs: &[Value]) -> Vec<String> {
+    bound_cluster_rules(docs)
+        .into_keys()
+        .filter(|(group, url)| group == NON_RESOURCE && url.starts_with("/apis/resource.k8s.io/"))
+        .map(|(_, url)| url.trim_start_matches("/apis/resource.k8s.io/").to_string())
+        .collect()
+}
+
+/// Acting as 1.38 (pinned, or on a cluster Helm sees as 1.38 or later),
+/// DeviceTaintRules are read in `v1` only: the chart grants no `v1beta2`
+/// discovery, and a pinned release reaches the flag. Older clusters keep
+/// both versions (1.36 serves rules in `v1beta2` only).
+#[test]
+fn from_1_38_device_taint_rules_are_read_in_v1_only() {
+    let Some(default) = render_for(&[], Some("v1.37.0"), &[]) else {
+        return;
+    };
+    let default = default.unwrap();
+    assert_eq!(rule_discovery(&default), ["v1", "v1beta2"]);
+    assert!(
+        !args(&default)
+            .iter()
+            .any(|a| a.starts_with("--reference-release"))
+    );
+
+    let on_1_38 = render_for(&[], Some("v1.38.0"), &[]).unwrap().unwrap();
+    assert_eq!(rule_discovery(&on_1_38), ["v1"]);
+
+    let pinned = render_for(&[("referenceRelease", "1.38")], Some("v1.37.0"), &[])
+        .unwrap()
+        .unwrap();
+    assert_eq!(rule_discovery(&pinned), ["v1"]);
+    assert!(
+        args(&pinned).contains(&"--reference-release=1.38".to_string()),
+        "{:?}",
+        args(&pinned)
+    );
+
+    let err = render_err_or_skip!(&[("referenceRelease", "1.39")]);
+    assert!(err.contains("referenceRelease"), "{err}");
+}

@@ -208,3 +208,13 @@ in-tree controller to turn off, follow this one rule).
 {{- define "dra-claim-controller.poolStatusRequests" -}}
 {{- if and .Values.poolStatusRequests.enabled (regexMatch "(^|,)\\s*DRAResourcePoolStatus\\s*=\\s*true" .Values.featureGates) }}true{{ end }}
 {{- end }}
+
+{{/*
+"true" when DeviceTaintRules are read in resource.k8s.io/v1 only: acting
+as 1.38 (referenceRelease pinned to 1.38, or a cluster of 1.38 or later as
+Helm sees it), where v1 is served by default and v1beta2 only with
+--runtime-config.
+*/}}
+{{- define "dra-claim-controller.rulesV1Only" -}}
+{{- if or (eq .Values.referenceRelease "1.38") (semverCompare ">=1.38-0" .Capabilities.KubeVersion.Version) }}true{{ end }}
+{{- end }}

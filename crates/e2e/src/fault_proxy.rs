@@ -213,6 +213,10 @@ struct State {
     lists: std::sync::Mutex<Vec<ListRead>>,
     /// Every watch request: its path and the media types it accepts.
     watches: std::sync::Mutex<Vec<(String, String)>>,
+    /// `GET /version` answered with this `gitVersion` (e.g. `v1.38.0`)
+    /// instead of the API server's: a cluster of a release the test bed
+    /// does not have.
+    version: std::sync::Mutex<Option<String>>,
 }
 
 /// One list read the proxy forwarded.
@@ -277,6 +281,7 @@ impl FaultProxy {
             delay_released: tokio::sync::watch::Sender::new(false),
             lists: Default::default(),
             watches: Default::default(),
+            version: Default::default(),
         });
         let accept = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(Self {
@@ -300,6 +305,13 @@ impl FaultProxy {
             .iter()
             .cloned()
             .collect()
+    }
+
+    /// From now on `GET /version` answers `git_version` (`v1.38.0`, say),
+    /// with the major and minor fields taken from it; every other request
+    /// goes on to the API server.
+    pub fn answer_version(&self, git_version: &str) {
+        *self.state.version.lock().unwrap() = Some(git_version.to_string());
     }
 
     /// Every watch stream open now stops delivering bytes, its connection
@@ -583,6 +595,17 @@ fn full(body: impl Into<Bytes>) -> ProxyBody {
     Full::new(body.into()).map_err(|e| match e {}).boxed()
 }
 
+/// A `/version` answer for `git_version` (`v1.38.0` → major "1", minor
+/// "38"), as kube-apiserver writes it.
+fn version_json(git_version: &str) -> serde_json::Value {
+    let mut parts = git_version.trim_start_matches('v').split('.');
+    let major = parts.next().unwrap_or("1");
+    let minor = parts.next().unwrap_or("0");
+    json!({"major": major, "minor": minor, "gitVersion": git_version, "gitCommit": "",
+           "gitTreeState": "clean", "buildDate": "", "goVersion": "", "compiler": "gc",
+           "platform": "linux/amd64"})
+}
+
 async fn handle(
     state: Arc<State>,
     req: Request<Incoming>,
@@ -620,6 +643,14 @@ async fn handle(
             .watch_lag_only
             .iter()
             .any(|p| req.uri().path().contains(p.as_str()));
+    if req.uri().path() == "/version"
+        && let Some(git_version) = state.version.lock().unwrap().clone()
+    {
+        return Ok(Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(full(version_json(&git_version).to_string()))?);
+    }
     match decide(&state, req.method(), req.uri().path(), watch) {
         Verdict::Status(code, reason) => {
             let mut resp = Response::builder()

@@ -294,6 +294,9 @@ mod tests {
         TaintRule::from_v1(&v1)
     }
 
+    /// As every release's eviction controller, and 1.38's scheduler side
+    /// too (kubernetes #141648): no selector selects nothing, `{}` every
+    /// device.
     #[test]
     fn a_selector_field_left_out_matches_every_device() {
         assert!(

@@ -49,23 +49,42 @@ pub enum Release {
     #[default]
     V1_36,
     V1_37,
+    V1_38,
 }
 
 impl Release {
+    /// The newest release whose rules this controller knows: a newer API
+    /// server is served with these.
+    pub const NEWEST: Release = Release::V1_38;
+    /// Its minor version.
+    const NEWEST_MINOR: u32 = 38;
+
     /// The rules for an API server of Kubernetes `1.<minor>`: 1.36's up to
     /// 1.36 (1.34 and 1.35 differ in ways `docs/differences.md` lists),
-    /// 1.37's from 1.37 on.
+    /// 1.37's for 1.37, 1.38's from 1.38 on (a newer minor than
+    /// [`Self::NEWEST`] is told apart by [`Self::is_newer_than_known`]).
     pub fn for_minor(minor: u32) -> Self {
-        if minor >= 37 {
-            Release::V1_37
-        } else {
-            Release::V1_36
+        match minor {
+            ..=36 => Release::V1_36,
+            37 => Release::V1_37,
+            _ => Release::V1_38,
         }
     }
 
-    /// Whether 1.37's rules apply.
+    /// Whether Kubernetes `1.<minor>` is newer than every release whose
+    /// rules are known (it is served as [`Self::NEWEST`]).
+    pub fn is_newer_than_known(minor: u32) -> bool {
+        minor > Self::NEWEST_MINOR
+    }
+
+    /// Whether 1.37's rules apply (1.37 and later).
     pub fn is_1_37(self) -> bool {
         self >= Release::V1_37
+    }
+
+    /// Whether 1.38's rules apply (1.38 and later).
+    pub fn is_1_38(self) -> bool {
+        self >= Release::V1_38
     }
 }
 
@@ -74,6 +93,7 @@ impl fmt::Display for Release {
         f.write_str(match self {
             Release::V1_36 => "1.36",
             Release::V1_37 => "1.37",
+            Release::V1_38 => "1.38",
         })
     }
 }
@@ -85,8 +105,9 @@ impl FromStr for Release {
         match s.trim() {
             "1.36" => Ok(Release::V1_36),
             "1.37" => Ok(Release::V1_37),
+            "1.38" => Ok(Release::V1_38),
             other => Err(format!(
-                "{other:?} is not a release this controller follows: use 1.36, 1.37 or auto"
+                "{other:?} is not a release this controller follows: use 1.36, 1.37, 1.38 or auto"
             )),
         }
     }
@@ -137,13 +158,17 @@ const KNOWN: [&str; 8] = [
 /// `DRAWorkloadResourceClaims`; the KEP's shorter name is taken too.
 const WORKLOAD_RESOURCE_CLAIMS: [&str; 2] = ["DRAWorkloadResourceClaims", "WorkloadResourceClaims"];
 
-/// Every gate name kube-controller-manager 1.36 and 1.37 accept (their
-/// registered gates, one per line): a flag string of either release must
-/// work here unchanged, with the gates that do not concern this controller
-/// ignored. 1.37's list is that of its development line after v1.37.0-beta.0.
-const KUBE_CONTROLLER_MANAGER_GATES: [&str; 2] = [
+/// Every gate name kube-controller-manager 1.36, 1.37 and 1.38 accept
+/// (their registered gates, one per line): a flag string of any of them
+/// must work here unchanged, with the gates that do not concern this
+/// controller ignored. 1.37's list is that of its development line after
+/// v1.37.0-beta.0; 1.38's that of its development line between
+/// v1.38.0-alpha.1 and alpha.2 (pre-release: gates added later are still
+/// refused as unknown).
+const KUBE_CONTROLLER_MANAGER_GATES: [&str; 3] = [
     include_str!("kcm_feature_gates_1_36.txt"),
     include_str!("kcm_feature_gates_1_37.txt"),
+    include_str!("kcm_feature_gates_1_38.txt"),
 ];
 
 fn is_kube_controller_manager_gate(name: &str) -> bool {
@@ -333,20 +358,35 @@ mod tests {
         assert_eq!(Release::for_minor(35), Release::V1_36);
         assert_eq!(Release::for_minor(36), Release::V1_36);
         assert_eq!(Release::for_minor(37), Release::V1_37);
-        assert_eq!(Release::for_minor(40), Release::V1_37);
+        assert_eq!(Release::for_minor(38), Release::V1_38);
+        assert_eq!(Release::for_minor(40), Release::V1_38);
+        assert!(!Release::is_newer_than_known(38));
+        assert!(Release::is_newer_than_known(39));
         assert_eq!("1.37".parse::<Release>(), Ok(Release::V1_37));
-        assert!("1.38".parse::<Release>().is_err());
+        assert_eq!("1.38".parse::<Release>(), Ok(Release::V1_38));
+        assert!("1.39".parse::<Release>().is_err());
         assert_eq!(Release::V1_36.to_string(), "1.36");
+        assert_eq!(Release::V1_38.to_string(), "1.38");
+        assert!(Release::V1_38.is_1_37() && Release::V1_38.is_1_38());
+        assert!(!Release::V1_37.is_1_38());
     }
 
     #[test]
-    fn gates_of_either_release_are_accepted_and_ignored() {
-        // Only 1.36 knows the first, only 1.37 the second.
+    fn gates_of_any_release_are_accepted_and_ignored() {
+        // Only 1.36 knows the first, only 1.37 the second, only 1.38 the
+        // third.
         let flag: FeatureGateFlag =
-            "SidecarContainers=true,EtcdRangeStream=true,DRAAdminAccess=false"
+            "SidecarContainers=true,EtcdRangeStream=true,PodCertificateMLDSA=true,DRAAdminAccess=false"
                 .parse()
                 .unwrap();
-        assert_eq!(flag.ignored, ["SidecarContainers", "EtcdRangeStream"]);
+        assert_eq!(
+            flag.ignored,
+            [
+                "SidecarContainers",
+                "EtcdRangeStream",
+                "PodCertificateMLDSA"
+            ]
+        );
         assert!(!flag.gates.admin_access);
     }
 

@@ -9,9 +9,11 @@
 //! nothing de-duplicated), taints make nothing unavailable. 1.37: each
 //! allocated device counts once, admin access not at all, and a device
 //! tainted `NoSchedule` or `NoExecute` (by its slice or a DeviceTaintRule)
-//! is unavailable. In both, a pool whose newest generation lacks slices is
-//! reported with a validation error and no counts (1.37 prefixes it
-//! `PoolIncomplete:`).
+//! is unavailable. 1.38 counts as 1.37, and compares capacity names with
+//! or without the driver's domain (kubernetes #142202; inferred from
+//! pre-release source). In all, a pool whose newest generation lacks slices
+//! is reported with a validation error and no counts (1.37 and later prefix
+//! it `PoolIncomplete:`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -26,7 +28,8 @@ use crate::views::ClaimView;
 
 mod summaries;
 
-/// How devices are counted: as kube-controller-manager 1.36 or 1.37 counts.
+/// How devices are counted: as kube-controller-manager 1.36, 1.37 or 1.38
+/// counts.
 #[derive(Clone, Copy, Debug)]
 pub enum Counting<'a> {
     V1_36,
@@ -35,6 +38,28 @@ pub enum Counting<'a> {
     V1_37 {
         rules: &'a [TaintRule],
     },
+    /// 1.37's counting; capacity names compared with or without the
+    /// driver's domain.
+    V1_38 {
+        rules: &'a [TaintRule],
+    },
+}
+
+impl<'a> Counting<'a> {
+    /// The rules whose taints make devices unavailable, from 1.37 on (1.36
+    /// counts no taint).
+    fn rules(self) -> Option<&'a [TaintRule]> {
+        match self {
+            Counting::V1_36 => None,
+            Counting::V1_37 { rules } | Counting::V1_38 { rules } => Some(rules),
+        }
+    }
+
+    /// Whether capacity names are compared with the driver's domain added
+    /// where they have none (1.38).
+    fn qualifies_capacity_names(self) -> bool {
+        matches!(self, Counting::V1_38 { .. })
+    }
 }
 
 /// 1.37's prefix of an incomplete pool's `validationError`.
@@ -225,7 +250,7 @@ pub fn answer<'a>(
         pool.slices += 1;
         let devices = s.devices.as_deref().unwrap_or_default();
         pool.devices += devices.len() as i64;
-        if let Counting::V1_37 { rules } = counting {
+        if let Some(rules) = counting.rules() {
             let tainted = |device: &k8s_openapi::api::resource::v1::Device| {
                 device.taints.iter().flatten().any(|t| blocks(&t.effect))
                     || rules.iter().any(|r| {
@@ -255,13 +280,16 @@ pub fn answer<'a>(
                 *allocated.entry(r.pool.as_str()).or_default() += 1;
             }
         }
-        Counting::V1_37 { .. } => {
+        Counting::V1_37 { .. } | Counting::V1_38 { .. } => {
+            let qualify_with = counting.qualifies_capacity_names().then_some(driver);
             for r in results.filter(|r| r.admin_access != Some(true)) {
-                let pool = used.entry(r.pool.as_str()).or_default();
+                let pool = used.entry(r.pool.as_str()).or_insert_with(|| PoolUse {
+                    qualify_with,
+                    ..PoolUse::default()
+                });
                 pool.devices.insert(r.device.as_str());
                 for (name, quantity) in &r.consumed_capacity {
-                    let sum = pool.consumed.entry(name.as_str()).or_default();
-                    *sum = sum.add(Amount::parse(&quantity.0));
+                    pool.add_consumed(name, Amount::parse(&quantity.0));
                 }
             }
             allocated.extend(used.iter().map(|(p, u)| (*p, u.devices.len() as i64)));
@@ -283,7 +311,7 @@ pub fn answer<'a>(
                     "pool {driver}/{name} is incomplete: observed {}/{} slices at generation {}",
                     pool.slices, pool.expected, pool.generation
                 );
-                if let Counting::V1_37 { .. } = counting {
+                if counting.rules().is_some() {
                     error = format!("{INCOMPLETE_PREFIX} {error}");
                 }
                 return PoolAnswer {
@@ -299,7 +327,7 @@ pub fn answer<'a>(
             let taken = allocated.get(name.as_str()).copied().unwrap_or(0);
             let views = match counting {
                 Counting::V1_36 => Default::default(),
-                Counting::V1_37 { .. } => summaries(
+                Counting::V1_37 { .. } | Counting::V1_38 { .. } => summaries(
                     driver,
                     &name,
                     &pool.held,

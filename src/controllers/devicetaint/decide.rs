@@ -149,8 +149,9 @@ pub fn pod_eviction<C: std::ops::Deref<Target = ClaimView>>(
             }
         }
     }
-    // Beyond upstream (its issue 141290): devices held through extended
-    // resources are evicted from too.
+    // As 1.38 (kubernetes #142289), and beyond 1.36 and 1.37, whatever the
+    // release acted as: devices held through extended resources are
+    // evicted from too, when the claim is the pod's own.
     if let Some(name) = pod.extended_claim_name() {
         consider(name, true);
     }

@@ -221,6 +221,10 @@ impl Controller {
                 rules = rules_of(&self.stores.rules.list());
                 Counting::V1_37 { rules: &rules }
             }
+            Release::V1_38 => {
+                rules = rules_of(&self.stores.rules.list());
+                Counting::V1_38 { rules: &rules }
+            }
         };
         let answer = answer(
             question,

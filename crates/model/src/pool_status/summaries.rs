@@ -8,6 +8,7 @@
 //! costing differently, more than 32 entries) is reported as the pool's
 //! `validationError` with a machine-readable prefix; the pool's counts stay.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{CounterSet, Device, DeviceCounterConsumption};
@@ -118,8 +119,45 @@ pub(super) struct PoolDevices<'a> {
 pub(super) struct PoolUse<'a> {
     /// The devices held by at least one claim.
     pub(super) devices: BTreeSet<&'a str>,
-    /// Per capacity name, the sum of what the results consumed.
-    pub(super) consumed: BTreeMap<&'a str, Amount>,
+    /// Per capacity name (as [`Self::qualify_with`] spells it), the sum of
+    /// what the results consumed.
+    pub(super) consumed: BTreeMap<Cow<'a, str>, Amount>,
+    /// 1.38 (kubernetes #142202, inferred): capacity names compare with the
+    /// driver's domain added where a name has none (`memory` is
+    /// `gpu.example.com/memory` for the driver `gpu.example.com`), so that a
+    /// claim's `consumedCapacity` and a slice's `capacity` match whichever
+    /// spelling each uses; the summary keeps the slice's spelling. `None`:
+    /// names compare as written (1.37).
+    pub(super) qualify_with: Option<&'a str>,
+}
+
+impl<'a> PoolUse<'a> {
+    /// Adds what one result consumed of the capacity `name`.
+    pub(super) fn add_consumed(&mut self, name: &'a str, amount: Amount) {
+        let sum = self
+            .consumed
+            .entry(capacity_key(name, self.qualify_with))
+            .or_default();
+        *sum = sum.add(amount);
+    }
+
+    /// What the results consumed of the capacity a device publishes as
+    /// `name`.
+    fn consumed_of(&self, name: &str) -> Amount {
+        self.consumed
+            .get(&capacity_key(name, self.qualify_with))
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+/// `name` as capacities are compared: qualified with `driver` when one is
+/// given and the name has no domain of its own.
+fn capacity_key<'n>(name: &'n str, driver: Option<&str>) -> Cow<'n, str> {
+    match driver {
+        Some(driver) if !name.contains('/') => Cow::Owned(format!("{driver}/{name}")),
+        _ => Cow::Borrowed(name),
+    }
 }
 
 /// The summaries of a pool, and the first structural problem found.
@@ -387,7 +425,7 @@ fn shareable_summary_of(
     let capacity = totals
         .into_iter()
         .map(|(name, total)| {
-            let consumed = used.consumed.get(name).copied().unwrap_or_default();
+            let consumed = used.consumed_of(name);
             ShareableCapacity {
                 name: name.to_string(),
                 total: total.text(),

@@ -698,3 +698,64 @@ fn summaries_in_the_answer_as_1_37_writes_them() {
         (None, None)
     );
 }
+
+/// 1.38 (kubernetes #142202, "capacity names qualified or unqualified";
+/// the counting is inferred from pre-release source): a claim's
+/// `consumedCapacity` and a slice's `capacity` name the same capacity
+/// whether or not they carry the driver's domain, so the shareable
+/// summary counts what 1.37 missed; the summary keeps the slice's spelling,
+/// and a name of another domain stays another capacity.
+#[test]
+fn capacity_names_with_or_without_the_drivers_domain_as_1_38() {
+    let slice: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": "devices"},
+        "spec": {"driver": DRIVER, "nodeName": "node-1",
+                 "pool": {"name": "pool-1", "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "shared-0", "allowMultipleAllocations": true,
+                              "capacity": {"memory": {"value": "40Gi"},
+                                           "test.example.com/cores": {"value": "8"}}}]},
+    }))
+    .unwrap();
+    let share = |id: &str, consumed: serde_json::Value| {
+        claim_with(json!([{"request": "r", "driver": DRIVER, "pool": "pool-1",
+                           "device": "shared-0", "shareID": id, "consumedCapacity": consumed}]))
+    };
+    let claims = [
+        share(
+            "a",
+            json!({"test.example.com/memory": "10Gi", "cores": "2"}),
+        ),
+        share("b", json!({"memory": "6Gi"})),
+        share("c", json!({"other.example.com/memory": "1Gi"})),
+    ];
+    let consumed = |counting: Counting<'_>| -> Vec<(String, String)> {
+        let question = Question {
+            driver: DRIVER,
+            ..Question::default()
+        };
+        let pool = answer(question, counting, std::slice::from_ref(&slice), &claims)
+            .pools
+            .remove(0);
+        pool.shareable_summary
+            .unwrap()
+            .capacity
+            .into_iter()
+            .map(|c| (c.name, c.consumed))
+            .collect()
+    };
+    assert_eq!(
+        consumed(Counting::V1_38 { rules: &[] }),
+        [
+            ("memory".to_string(), "16Gi".to_string()),
+            ("test.example.com/cores".to_string(), "2".to_string()),
+        ]
+    );
+    // 1.37 compares names as written.
+    assert_eq!(
+        consumed(Counting::V1_37 { rules: &[] }),
+        [
+            ("memory".to_string(), "6Gi".to_string()),
+            ("test.example.com/cores".to_string(), "0".to_string()),
+        ]
+    );
+}

@@ -314,13 +314,24 @@ fn rows() -> Vec<Row> {
             want: None,
             ..row("no-evict-podgroups-of-another-api-group")
         },
-        // Beyond kube-controller-manager 1.36 and 1.37 (its issue 141290):
-        // a pod holding the device through its extended resources goes too.
+        // 1.38's (kubernetes #142289), beyond 1.36 and 1.37: a pod holding
+        // the device through its extended resources goes too, when the
+        // claim is its own.
         Row {
             pod: pod(json!({"spec": {"resourceClaims": []},
                 "status": {"extendedResourceClaimStatus": {"resourceClaimName": CLAIM, "requestMappings": []}}})),
             claim: claim(owned.clone()),
-            ..row("beyond: evict-pod-extended-resource-claim")
+            ..row("evict-pod-extended-resourceclaim")
+        },
+        Row {
+            pod: pod(json!({"spec": {"resourceClaims": []},
+                "status": {"extendedResourceClaimStatus": {"resourceClaimName": CLAIM, "requestMappings": []}}})),
+            claim: claim(
+                json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod",
+                "name": "my-pod", "uid": "1234-other", "controller": true}]}}),
+            ),
+            want: None,
+            ..row("no-evict-extended-resourceclaim-wrong-owner")
         },
         // As upstream: a toleration must name the NoExecute effect to count.
         Row {

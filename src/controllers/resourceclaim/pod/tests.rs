@@ -394,6 +394,24 @@ fn pod_work_table() {
             gates: all_on,
             want: vec![Want::Nothing],
         },
+        // 1.38's TestSyncHandler case (kubernetes #141276): a done pod on a
+        // node is never reserved again, so a claim others still use keeps
+        // its reservations as they are. Ours never did, whatever the release.
+        PodRow {
+            case: "do not reserve static claim for terminal pre-scheduled pod",
+            pod: pod_with(json!({
+                "spec": {"nodeName": "worker",
+                         "resourceClaims": [{"name": ENTRY, "resourceClaimName": "static-claim"}]},
+                "status": {"phase": "Succeeded"}})),
+            claims: vec![claim_with("static-claim", {
+                let mut v = allocated(json!({}));
+                merge(&mut v, reserved_for(&[("other-pod", "other-uid")]));
+                v
+            })],
+            templates: vec![],
+            gates: all_on,
+            want: vec![Want::Nothing],
+        },
         // Beyond: a done pod never gets a claim again, even when its claim is gone.
         PodRow {
             case: "done-pod-not-recreated",
@@ -429,11 +447,10 @@ fn pod_work_table() {
         },
     ];
     let mut failures = Vec::new();
-    // Every row under both releases: none of these cases differs.
-    for (row, release) in rows
-        .iter()
-        .flat_map(|row| [(row, Release::V1_36), (row, Release::V1_37)])
-    {
+    // Every row under every release: none of these cases differs.
+    for (row, release) in rows.iter().flat_map(|row| {
+        [Release::V1_36, Release::V1_37, Release::V1_38].map(|release| (row, release))
+    }) {
         let c = caches(std::slice::from_ref(&row.pod), &row.claims, &row.templates);
         let gates = FeatureGates {
             release,

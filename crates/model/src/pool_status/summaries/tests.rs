@@ -33,13 +33,14 @@ fn counters(name: &str, counters: &[(&str, &str)]) -> CounterSet {
 }
 
 fn used<'a>(devices: &[&'a str], consumed: &[(&'a str, &str)]) -> PoolUse<'a> {
-    PoolUse {
+    let mut used = PoolUse {
         devices: devices.iter().copied().collect(),
-        consumed: consumed
-            .iter()
-            .map(|(k, v)| (*k, Amount::parse(v)))
-            .collect(),
+        ..PoolUse::default()
+    };
+    for (name, amount) in consumed {
+        used.add_consumed(name, Amount::parse(amount));
     }
+    used
 }
 
 fn partition_rows(summary: &Summaries) -> Vec<(&str, i32, i32)> {
