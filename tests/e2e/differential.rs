@@ -605,7 +605,21 @@ impl Side {
 
         let mut snapshot = Snapshot {
             claims: claims.iter().map(|c| names.claim_value(c)).collect(),
-            deleted_claims: deleted.iter().map(|c| names.claim_value(c)).collect(),
+            // A deleted claim is compared by what it was, not by the order
+            // its finalizer and its deletion came in: kube-controller-manager
+            // races its pod and claim work there (the unused claim deleted
+            // first in some runs, its finalizer removed first in others).
+            deleted_claims: deleted
+                .iter()
+                .map(|c| {
+                    let mut claim = names.claim_value(c);
+                    if let Some(fields) = claim.as_object_mut() {
+                        fields.remove("deleting");
+                        fields.remove("finalizers");
+                    }
+                    claim
+                })
+                .collect(),
             pods: pods.iter().map(|p| names.pod_value(p)).collect(),
             events: BTreeSet::new(),
             messages: BTreeSet::new(),
