@@ -31,6 +31,8 @@ mod allocator_taints;
 mod api_priority;
 #[path = "e2e/cleanup.rs"]
 mod cleanup;
+#[path = "e2e/device_taint_budgets.rs"]
+mod device_taint_budgets;
 #[path = "e2e/device_taint_cases.rs"]
 mod device_taint_cases;
 #[path = "e2e/device_taints.rs"]

@@ -178,6 +178,8 @@ fn expected_cluster_rules() -> BTreeMap<(String, String), BTreeSet<String>> {
         // controller (on by default) deletes them.
         ("", "pods", &["get", "list", "watch", "delete"][..]),
         ("", "pods/status", &["patch"]),
+        // Budget-respecting evictions (DeviceTaintRules that ask for them).
+        ("", "pods/eviction", &["create"]),
         (
             "resource.k8s.io",
             "resourceslices",

@@ -298,7 +298,7 @@ pub fn rules_controller() -> ControllerOpts {
     }
 }
 
-fn rule_resource() -> ApiResource {
+pub fn rule_resource() -> ApiResource {
     dra_claim_controller::model::device_taints::RulesVersion::V1beta2.api_resource()
 }
 

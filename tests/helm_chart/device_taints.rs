@@ -36,6 +36,7 @@ fn device_taint_eviction_is_on_by_default_and_its_rights_go_with_it() {
     want.remove(&("resource.k8s.io".into(), "resourceslices".into()));
     want.remove(&("resource.k8s.io".into(), "devicetaintrules".into()));
     want.remove(&("resource.k8s.io".into(), "devicetaintrules/status".into()));
+    want.remove(&(String::new(), "pods/eviction".into()));
     want.get_mut(&(String::new(), "pods".into()))
         .unwrap()
         .remove("delete");

@@ -147,6 +147,7 @@ fn builtin() -> Rbac {
         ),
         rule("", &["nodes"], &["list", "watch"]),
         rule("", &["pods"], &["delete", "patch"]),
+        rule("", &["pods/eviction"], &["create"]),
     ];
     let subject = json!([{"kind": "ServiceAccount", "name": sa, "namespace": SYSTEM_NAMESPACE}]);
     let docs = vec![

@@ -8,6 +8,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{DeviceTaint, DeviceToleration, ResourceSlice};
 
+/// The annotation with which a DeviceTaintRule asks that its `NoExecute`
+/// evictions go through the Eviction API, so that PodDisruptionBudgets hold
+/// them (value `true`); kube-controller-manager ignores it and deletes.
+pub const EVICTION_API_ANNOTATION: &str = "dra-claim-controller.io/respect-disruption-budgets";
+
 /// A DeviceTaintRule as the index reads it, whatever API version served it
 /// (`resource.k8s.io/v1beta2` on 1.36, `v1` on 1.37): each selector field
 /// left out matches every device.

@@ -2,17 +2,24 @@
 //! (another UID or a deletion under way: nothing to do), a Normal event
 //! "Marking for deletion", the `DisruptionTarget` condition on its status,
 //! then a delete with the UID as precondition (not the Eviction API: a
-//! PodDisruptionBudget does not hold a device that must go).
+//! PodDisruptionBudget does not hold a device that must go). Beyond
+//! upstream, a pod whose every reason is a rule asking for it
+//! (`budgets.rs`) is evicted through the Eviction API instead, which
+//! writes `DisruptionTarget` itself and honours PodDisruptionBudgets.
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, Preconditions};
 use serde_json::json;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
-use super::{Controller, Item, RULE_EVICTED, RULE_RECHECK};
+use super::budgets::{
+    BLOCKED_EVENT_REASON, refusing_budget, respects_budgets, retry_after, through_eviction_api,
+};
+use super::tracking::{Blocked, Pending};
+use super::{Controller, Item, RULE_BLOCKED, RULE_EVICTED, RULE_RECHECK};
 use crate::runtime::controller::Action;
 use crate::runtime::error::{SyncError, kube_err};
 
@@ -95,7 +102,21 @@ impl Controller {
             self.forget_pod(key, &pending.uid);
             return Ok(Action::Done);
         }
-        self.tell_pod(namespace, name, &pending.uid, "Marking for deletion");
+        let through_api = {
+            let stored = &self.stores.devices.rules;
+            through_eviction_api(&pending.eviction.reasons, |rule| {
+                stored.get(rule).is_some_and(|r| respects_budgets(&r))
+            })
+        };
+        let refused_before = self.tracking.lock().unwrap().blocked.contains_key(key);
+        if !refused_before {
+            self.tell_pod(namespace, name, &pending.uid, "Marking for deletion");
+        }
+        if through_api {
+            return self
+                .evict_through_api(&api, (key, namespace, name), &pending, &rules, waited)
+                .await;
+        }
         if !has_condition(&pod) {
             let patch = json!({
                 "metadata": {"uid": pending.uid},
@@ -141,6 +162,101 @@ impl Controller {
             }
             Err(e) => return Err(SyncError::kube(format!("deleting pod {key}"), e)),
         }
+        self.gone_for_its_taints(key, &pending, rules, waited);
+        Ok(Action::Done)
+    }
+
+    /// Evicts through the Eviction API, guarded by the pod's UID. A budget
+    /// that refuses holds the pod: not an error, tried again with growing
+    /// pauses, and said in a Warning event on the pod, the rule's status
+    /// and the refusals metric.
+    async fn evict_through_api(
+        &self,
+        api: &Api<Pod>,
+        (key, namespace, name): (&str, &str, &str),
+        pending: &Pending,
+        rules: &[String],
+        waited: f64,
+    ) -> Result<Action, SyncError> {
+        let params = EvictParams {
+            delete_options: Some(DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(pending.uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        match api.evict(name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if refusing_budget(&status).is_some() => {
+                let budget = format!(
+                    "{namespace}/{}",
+                    refusing_budget(&status).unwrap_or_default()
+                );
+                let refusals = {
+                    let mut tracking = self.tracking.lock().unwrap();
+                    let blocked =
+                        tracking
+                            .blocked
+                            .entry(key.to_string())
+                            .or_insert_with(|| Blocked {
+                                uid: pending.uid.clone(),
+                                budget: budget.clone(),
+                                refusals: 0,
+                            });
+                    let first_for_budget = blocked.budget != budget || blocked.refusals == 0;
+                    blocked.budget = budget.clone();
+                    blocked.refusals += 1;
+                    (blocked.refusals, first_for_budget)
+                };
+                let (refusals, first_for_budget) = refusals;
+                self.metrics.refused(rules);
+                if first_for_budget {
+                    self.event_on_pod(
+                        namespace,
+                        name,
+                        &pending.uid,
+                        BLOCKED_EVENT_REASON,
+                        format!(
+                            "Not evicted yet for DeviceTaintRule {}: PodDisruptionBudget {budget} allows no \
+                             disruption now ({}); trying again",
+                            rules.join(", "),
+                            status.message
+                        ),
+                        true,
+                    );
+                    for rule in rules {
+                        self.queue.add(Item::Rule(rule.clone()), RULE_BLOCKED);
+                    }
+                }
+                let pause = retry_after(refusals);
+                info!(
+                    budget = %budget,
+                    refusals,
+                    retry_in_s = pause.as_secs(),
+                    "eviction refused by a PodDisruptionBudget; trying again later"
+                );
+                return Ok(Action::RecheckAfter(pause));
+            }
+            Err(e) if is_not_found_or_conflict(&e) => {
+                self.forget_pod(key, &pending.uid);
+                return Ok(Action::Done);
+            }
+            Err(kube::Error::Api(status)) if status.code == 429 => {
+                // The API server's own flow control: no budget, no error.
+                warn!(message = %status.message, "eviction throttled by the API server; trying again");
+                return Ok(Action::RecheckAfter(retry_after(1)));
+            }
+            Err(e) => return Err(SyncError::kube(format!("evicting pod {key}"), e)),
+        }
+        self.gone_for_its_taints(key, pending, rules.to_vec(), waited);
+        Ok(Action::Done)
+    }
+
+    /// The bookkeeping once a pod was deleted or evicted for its taints.
+    fn gone_for_its_taints(&self, key: &str, pending: &Pending, rules: Vec<String>, waited: f64) {
         let late = pending
             .eviction
             .at
@@ -166,6 +282,5 @@ impl Controller {
             paced_s = waited,
             "pod deleted for its devices' NoExecute taints"
         );
-        Ok(Action::Done)
     }
 }

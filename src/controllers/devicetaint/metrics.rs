@@ -2,7 +2,7 @@
 //! names, help texts and buckets, no labels), and ours for the pacing and
 //! the guard.
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 const DELETIONS: &str = "device_taint_eviction_controller_pod_deletions_total";
 /// kube-controller-manager marks these ALPHA, and says so in the HELP text.
@@ -23,8 +23,14 @@ const HELD: &str = "dra_claim_controller_device_taint_rules_held";
 const HELD_HELP: &str = "DeviceTaintRules with the NoExecute effect not acted on because they select more of the \
 allocated devices than --device-taint-eviction-max-share allows and no admin confirmed them.";
 
+const REFUSED: &str = "dra_claim_controller_device_taint_evictions_refused_total";
+const REFUSED_HELP: &str = "Evictions through the Eviction API (DeviceTaintRules annotated \
+dra-claim-controller.io/respect-disruption-budgets=true) a PodDisruptionBudget refused for now, by rule; \
+each is tried again with backoff.";
+
 #[derive(Clone)]
 pub(crate) struct EvictionMetrics {
+    refused: IntCounterVec,
     deletions: IntCounter,
     latency: Histogram,
     pacing: Histogram,
@@ -34,6 +40,7 @@ pub(crate) struct EvictionMetrics {
 impl EvictionMetrics {
     pub(crate) fn register(registry: &Registry) -> prometheus::Result<Self> {
         let m = EvictionMetrics {
+            refused: IntCounterVec::new(Opts::new(REFUSED, REFUSED_HELP), &["rule"])?,
             deletions: IntCounter::with_opts(Opts::new(DELETIONS, DELETIONS_HELP))?,
             latency: Histogram::with_opts(
                 HistogramOpts::new(LATENCY, LATENCY_HELP).buckets(LATENCY_BUCKETS.to_vec()),
@@ -47,6 +54,7 @@ impl EvictionMetrics {
         registry.register(Box::new(m.latency.clone()))?;
         registry.register(Box::new(m.pacing.clone()))?;
         registry.register(Box::new(m.held.clone()))?;
+        registry.register(Box::new(m.refused.clone()))?;
         Ok(m)
     }
 
@@ -58,6 +66,13 @@ impl EvictionMetrics {
 
     pub(crate) fn paced(&self, waited: f64) {
         self.pacing.observe(waited);
+    }
+
+    /// A budget refused an eviction for these rules.
+    pub(crate) fn refused(&self, rules: &[String]) {
+        for rule in rules {
+            self.refused.with_label_values(&[rule]).inc();
+        }
     }
 
     pub(crate) fn set_held(&self, rules: usize) {

@@ -20,6 +20,7 @@
 //! It watches nothing of its own: the pod and claim stores are the claim
 //! controller's, the slices and rules the process's shared watches'.
 
+mod budgets;
 pub mod decide;
 mod evict;
 mod metrics;
@@ -68,6 +69,7 @@ const RULE_CHANGED: &str = "rule changed";
 const RULE_HOLD_CHANGED: &str = "rule held or released by the guard";
 const RULE_EVICTION_SCHEDULED: &str = "an eviction of the rule was scheduled";
 const RULE_EVICTED: &str = "the rule evicted a pod";
+const RULE_BLOCKED: &str = "a PodDisruptionBudget holds a pod of the rule";
 
 /// One work item: a pod to evict (`namespace/name`), or a rule whose
 /// status to write (its name).

@@ -2,10 +2,13 @@
 //! kube-controller-manager's reasons and messages word for word, and ours
 //! for a rule held for confirmation (the blast-radius guard).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use k8s_openapi::jiff::Timestamp;
+
+use super::budgets::waiting_message;
 
 /// The condition's type.
 pub(crate) const CONDITION_TYPE: &str = "EvictionInProgress";
@@ -20,10 +23,13 @@ pub(crate) const CONFIRM_ANNOTATION: &str = "dra-claim-controller.io/confirm-evi
 /// What the controller knows about one rule when it writes its status.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum RuleState {
-    /// `NoExecute`: pods still to evict, in how many namespaces.
+    /// `NoExecute`: pods still to evict, in how many namespaces; beyond
+    /// upstream, the pods PodDisruptionBudgets hold (by budget,
+    /// `namespace/name`) when the rule evicts through the Eviction API.
     NoExecute {
         pending_pods: usize,
         namespaces: usize,
+        waiting_for_budgets: BTreeMap<String, BTreeSet<String>>,
     },
     /// `None`: what `NoExecute` would do (a simulation).
     NoEffect {
@@ -66,6 +72,7 @@ pub(crate) fn rule_condition(name: &str, state: &RuleState, evicted: u64) -> Rul
         RuleState::NoExecute {
             pending_pods,
             namespaces,
+            ref waiting_for_budgets,
         } if pending_pods > 0 => (
             "True",
             "PodsPendingEviction",
@@ -73,7 +80,11 @@ pub(crate) fn rule_condition(name: &str, state: &RuleState, evicted: u64) -> Rul
                 pending_pods,
                 "1 pod needs to be evicted in ",
                 "%d pods need to be evicted in ",
-            ) + &count(namespaces, "1 namespace.", "%d different namespaces."),
+            ) + &count(namespaces, "1 namespace.", "%d different namespaces.")
+                + &match waiting_message(waiting_for_budgets) {
+                    waiting if waiting.is_empty() => waiting,
+                    waiting => format!(" {waiting}"),
+                },
         ),
         RuleState::NoExecute { .. } if evicted > 0 => ("False", "Completed", String::new()),
         RuleState::NoExecute { .. } => ("False", "NotStarted", String::new()),

@@ -3,7 +3,7 @@
 //! `NoExecute` would do, simulated on the current stores), server-side
 //! applied to the status in the version the API server serves.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::DeviceTaintRule;
 use k8s_openapi::jiff::{Timestamp, Unit};
@@ -92,6 +92,7 @@ impl Controller {
                 }
                 let mut namespaces = BTreeSet::new();
                 let mut pending_pods = 0;
+                let mut waiting_for_budgets: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
                 for (key, pending) in &tracking.pending {
                     if !pending.has_rule_uid(uid) {
                         continue;
@@ -100,11 +101,20 @@ impl Controller {
                     if !deleting {
                         pending_pods += 1;
                         namespaces.insert(key.split('/').next().unwrap_or_default().to_string());
+                        if let Some(blocked) = tracking.blocked.get(key)
+                            && blocked.uid == pending.uid
+                        {
+                            waiting_for_budgets
+                                .entry(blocked.budget.clone())
+                                .or_default()
+                                .insert(key.clone());
+                        }
                     }
                 }
                 RuleState::NoExecute {
                     pending_pods,
                     namespaces: namespaces.len(),
+                    waiting_for_budgets,
                 }
             }
             "None" => self.simulate(rule),

@@ -60,8 +60,19 @@ pub(crate) struct Held {
     pub allocated: usize,
 }
 
+/// A pod whose eviction a PodDisruptionBudget refused: which budget
+/// (`namespace/name`), and how many times in a row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Blocked {
+    pub uid: String,
+    pub budget: String,
+    pub refusals: u32,
+}
+
 #[derive(Default)]
 pub(crate) struct Tracking {
+    /// Pods a budget holds, by pod key (evictions through the Eviction API).
+    pub blocked: HashMap<String, Blocked>,
     pub taints: Arc<DeviceTaints>,
     pub pending: HashMap<String, Pending>,
     pub held: BTreeMap<String, Held>,
@@ -359,6 +370,9 @@ impl Controller {
             tracking.pending.remove(key);
             tracking.paced_since.remove(key);
         }
+        if tracking.blocked.get(key).is_some_and(|b| b.uid == uid) {
+            tracking.blocked.remove(key);
+        }
     }
 
     /// Queues the eviction for its time (leader only), and the status of
@@ -402,6 +416,27 @@ impl Controller {
     /// A Normal event about the pod (leader only; written in the
     /// background: watch handlers never wait on the API server).
     pub(crate) fn tell_pod(&self, namespace: &str, name: &str, uid: &str, message: &'static str) {
+        self.event_on_pod(
+            namespace,
+            name,
+            uid,
+            EVENT_REASON,
+            message.to_string(),
+            false,
+        );
+    }
+
+    /// A Normal (or, `warning`, Warning) event on the pod, sent beside the
+    /// work (the recorder aggregates repeats).
+    pub(crate) fn event_on_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        reason: &'static str,
+        message: String,
+        warning: bool,
+    ) {
         if !self.is_leading() {
             return;
         }
@@ -416,7 +451,11 @@ impl Controller {
                 uid: &uid,
                 resource_version: None,
             };
-            events.normal(&involved, EVENT_REASON, message).await;
+            if warning {
+                events.warn(&involved, reason, &message).await;
+            } else {
+                events.normal(&involved, reason, &message).await;
+            }
         });
     }
 }

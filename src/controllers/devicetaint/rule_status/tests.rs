@@ -29,6 +29,17 @@ fn conditions_as_upstream_words_them() {
     let no_execute = |pending_pods, namespaces| RuleState::NoExecute {
         pending_pods,
         namespaces,
+        waiting_for_budgets: BTreeMap::new(),
+    };
+    // Beyond upstream: a rule evicting through the Eviction API names the
+    // budgets that hold its pods.
+    let held_by_budgets = RuleState::NoExecute {
+        pending_pods: 3,
+        namespaces: 1,
+        waiting_for_budgets: BTreeMap::from([(
+            "web/web-pdb".to_string(),
+            BTreeSet::from(["web/web-0".to_string(), "web/web-1".to_string()]),
+        )]),
     };
     let rows: Vec<(&str, RuleState, u64, RuleCondition)> = vec![
         (
@@ -45,6 +56,17 @@ fn conditions_as_upstream_words_them() {
                 "True",
                 "PodsPendingEviction",
                 "1 pod needs to be evicted in 1 namespace.",
+            ),
+        ),
+        (
+            "beyond: pods waiting for a PodDisruptionBudget",
+            held_by_budgets,
+            1,
+            condition(
+                "True",
+                "PodsPendingEviction",
+                "3 pods need to be evicted in 1 namespace. 2 pods waiting for \
+                 PodDisruptionBudget web/web-pdb. 1 pod evicted since starting the controller.",
             ),
         ),
         (
