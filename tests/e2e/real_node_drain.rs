@@ -1,6 +1,7 @@
 //! `drain` on a real node: a pod using the test driver's device runs; the
 //! node's devices are drained with DeviceTaintRules (preview, then
-//! `NoExecute`); the eviction controller deletes the pod, the kubelet stops
+//! `NoExecute`, evicting through the Eviction API, `drain`'s default); the
+//! eviction controller evicts the running pod, the kubelet stops
 //! it, the driver unprepares the claim, the claim goes, and the command
 //! ends with drain-check's Clean. `uncordon` gives the devices back: a new
 //! pod runs on them.

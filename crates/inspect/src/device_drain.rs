@@ -14,7 +14,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use dra_model::device_taints::RulesVersion;
+use dra_model::device_taints::{EVICTION_API_ANNOTATION, RulesVersion};
 
 /// The label every rule of a drain carries: the node (or, when the name
 /// does not fit a label value, a hash of it).
@@ -254,28 +254,45 @@ pub(crate) async fn previews(
     }
 }
 
-/// Turns each rule to `NoExecute`, confirmed.
+/// The change that turns a rule to `NoExecute`, confirmed, evicting
+/// through the Eviction API (PodDisruptionBudgets hold its pods) unless
+/// `delete` says to delete them as kube-controller-manager does; `None`
+/// when the rule is so already (a resumed drain writes nothing).
+pub(crate) fn no_execute_patch(rule: &DynamicObject, delete: bool) -> Option<Value> {
+    let annotation = |key: &str| {
+        rule.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
+    };
+    let respect = if delete { "false" } else { "true" };
+    if effect(rule) == "NoExecute"
+        && annotation(CONFIRM_ANNOTATION) == Some("true")
+        && annotation(EVICTION_API_ANNOTATION) == Some(respect)
+    {
+        return None;
+    }
+    Some(json!({
+        "metadata": {"annotations": {CONFIRM_ANNOTATION: "true", EVICTION_API_ANNOTATION: respect}},
+        "spec": {"taint": {"effect": "NoExecute"}},
+    }))
+}
+
+/// Turns each rule to `NoExecute`, confirmed; its pods are evicted through
+/// the Eviction API, or deleted with `delete` (`--disable-eviction`).
 pub(crate) async fn evict(
     client: &kube::Client,
     version: RulesVersion,
     rules: &[DynamicObject],
+    delete: bool,
 ) -> Result<(), String> {
     let api = rules_api(client, version);
     for rule in rules {
         let name = rule.metadata.name.clone().unwrap_or_default();
-        let confirmed = rule
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(CONFIRM_ANNOTATION))
-            .is_some_and(|v| v == "true");
-        if effect(rule) == "NoExecute" && confirmed {
+        let Some(patch) = no_execute_patch(rule, delete) else {
             continue;
-        }
-        let patch = json!({
-            "metadata": {"annotations": {CONFIRM_ANNOTATION: "true"}},
-            "spec": {"taint": {"effect": "NoExecute"}},
-        });
+        };
         api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
             .await
             .map_err(|e| format!("setting DeviceTaintRule {name} to NoExecute: {e}"))?;
@@ -392,5 +409,50 @@ mod tests {
         assert!(node_label(&long).len() <= 63);
         assert_eq!(node_label("node-1"), "node-1");
         assert!(rule_name(&long, "d/p").len() <= 253);
+    }
+
+    /// `drain` asks for budget-respecting evictions unless told
+    /// `--disable-eviction`; a rule already as asked is left alone, so a
+    /// resumed drain writes nothing, and switching modes rewrites it.
+    #[test]
+    fn no_execute_asks_for_evictions_unless_disabled() {
+        let rule = |effect: &str, annotations: serde_json::Value| -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+                "metadata": {"name": "r", "annotations": annotations},
+                "spec": {"taint": {"key": "k", "effect": effect}},
+            }))
+            .unwrap()
+        };
+        let preview = rule("None", json!({}));
+        let patch = no_execute_patch(&preview, false).unwrap();
+        assert_eq!(patch["spec"]["taint"]["effect"], "NoExecute");
+        assert_eq!(
+            patch["metadata"]["annotations"][EVICTION_API_ANNOTATION],
+            "true"
+        );
+        assert_eq!(patch["metadata"]["annotations"][CONFIRM_ANNOTATION], "true");
+        let deleting = no_execute_patch(&preview, true).unwrap();
+        assert_eq!(
+            deleting["metadata"]["annotations"][EVICTION_API_ANNOTATION],
+            "false"
+        );
+
+        let draining = rule(
+            "NoExecute",
+            json!({CONFIRM_ANNOTATION: "true", EVICTION_API_ANNOTATION: "true"}),
+        );
+        assert_eq!(
+            no_execute_patch(&draining, false),
+            None,
+            "resumed: nothing to write"
+        );
+        assert!(
+            no_execute_patch(&draining, true).is_some(),
+            "switched to deleting"
+        );
+        // A drain begun before budgets were respected is switched over.
+        let older = rule("NoExecute", json!({CONFIRM_ANNOTATION: "true"}));
+        assert!(no_execute_patch(&older, false).is_some());
     }
 }

@@ -68,12 +68,17 @@ pub(super) async fn run(args: DrainArgs) -> u8 {
         }
         return exit::CLEAN;
     }
-    if let Err(e) = evict(&client, version, &rules).await {
+    if let Err(e) = evict(&client, version, &rules, args.disable_eviction).await {
         return failed(e);
     }
     eprintln!(
-        "{} DeviceTaintRule(s) NoExecute on node {node}; waiting until no pod uses its devices",
-        rules.len()
+        "{} DeviceTaintRule(s) NoExecute on node {node} ({}); waiting until no pod uses its devices",
+        rules.len(),
+        if args.disable_eviction {
+            "pods deleted, --disable-eviction"
+        } else {
+            "pods evicted, PodDisruptionBudgets respected"
+        }
     );
     drain_check::run(DrainCheckArgs {
         node_name: Some(node.to_string()),

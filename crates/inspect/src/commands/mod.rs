@@ -77,6 +77,9 @@ pub struct DrainArgs {
     /// Stop after the preview: the rules stay with the None effect (evicting nobody) until `drain` runs again or `uncordon` removes them.
     #[arg(long)]
     pub preview: bool,
+    /// Delete the pods instead of evicting them through the Eviction API, bypassing PodDisruptionBudgets (kubectl drain's flag). By default the rules ask the device-taint eviction controller for evictions that budgets hold.
+    #[arg(long)]
+    pub disable_eviction: bool,
     /// How long to wait for the preview's figures.
     #[arg(long, default_value = "30s")]
     pub preview_timeout: FlagDuration,
