@@ -43,16 +43,9 @@ async fn a_budget_that_allows_nothing_holds_the_eviction_and_says_which() {
         extra_args: vec!["--device-taint-eviction-max-share=1".into()],
         ..ControllerOpts::default()
     };
-    let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &rules_apiserver()).await else {
+    let Some(t) = TestCtx::isolated_with(NAME, opts, 1, &rules_apiserver()).await else {
         return;
     };
-    if !crate::rbac::reapply_controller_rbac_or_skip(&t.client, NAME, &[]).await {
-        return;
-    }
-    t.isolated_env()
-        .start_controller()
-        .await
-        .expect("start controller");
     publish(&t, "pool", &[("d0", json!([]))]).await;
     pod_on_device(&t, "web-0", "pool", "d0", json!([])).await;
     // Running, as a kubelet reports it: the API server lets evictions of

@@ -74,16 +74,9 @@ async fn as_1_38_a_rule_without_selector_evicts_nobody_and_an_empty_one_everybod
     const NAME: &str = "as_1_38_a_rule_without_selector_evicts_nobody_and_an_empty_one_everybody";
     let mut opts = as_1_38(&["--device-taint-eviction-max-share=1"]);
     opts.feature_gates = format!("{ALL_CONTROLLER_GATES},DRADeviceTaintRules=true");
-    let Some(mut t) = TestCtx::isolated_with(NAME, opts, 0, &rules_apiserver()).await else {
+    let Some(t) = TestCtx::isolated_with(NAME, opts, 1, &rules_apiserver()).await else {
         return;
     };
-    if !crate::rbac::reapply_controller_rbac_or_skip(&t.client, NAME, &[]).await {
-        return;
-    }
-    t.isolated_env()
-        .start_controller()
-        .await
-        .expect("start controller");
     acts_as(&t, "1.38").unwrap();
     publish(&t, "pool", &[("d0", json!([])), ("d1", json!([]))]).await;
     pod_on_device(&t, "a", "pool", "d0", json!([])).await;

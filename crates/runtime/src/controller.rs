@@ -142,13 +142,9 @@ where
     /// A queue named `name` (the `name` label of client-go's `workqueue_*`
     /// metrics, registered in `registry` when given).
     pub fn new(name: &str, registry: Option<&prometheus::Registry>) -> Self {
-        Self::from_work_queue(WorkQueue::new(name, registry))
-    }
-
-    pub(crate) fn from_work_queue(queue: WorkQueue<K>) -> Self {
         Queue {
             shared: Arc::new(QueueShared {
-                queue,
+                queue: WorkQueue::new(name, registry),
                 leading: AtomicBool::new(false),
                 reasons: Mutex::new(HashMap::new()),
             }),
@@ -265,10 +261,6 @@ impl<R: Reconciler> Controller<R> {
         // A zero period would spin; a second is the least that makes sense.
         self.resync = Some(min_period.max(Duration::from_secs(1)));
         self
-    }
-
-    pub fn queue(&self) -> &Queue<R::Key, R::Why> {
-        &self.queue
     }
 }
 

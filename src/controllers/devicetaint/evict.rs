@@ -188,71 +188,94 @@ impl Controller {
             }),
             ..Default::default()
         };
-        match api.evict(name, &params).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if refusing_budget(&status).is_some() => {
-                let budget = format!(
-                    "{namespace}/{}",
-                    refusing_budget(&status).unwrap_or_default()
-                );
-                let refusals = {
-                    let mut tracking = self.tracking.lock().unwrap();
-                    let blocked =
-                        tracking
-                            .blocked
-                            .entry(key.to_string())
-                            .or_insert_with(|| Blocked {
-                                uid: pending.uid.clone(),
-                                budget: budget.clone(),
-                                refusals: 0,
-                            });
-                    let first_for_budget = blocked.budget != budget || blocked.refusals == 0;
-                    blocked.budget = budget.clone();
-                    blocked.refusals += 1;
-                    (blocked.refusals, first_for_budget)
-                };
-                let (refusals, first_for_budget) = refusals;
-                self.metrics.refused(rules);
-                if first_for_budget {
-                    self.event_on_pod(
-                        namespace,
-                        name,
-                        &pending.uid,
-                        BLOCKED_EVENT_REASON,
-                        format!(
-                            "Not evicted yet for DeviceTaintRule {}: PodDisruptionBudget {budget} allows no \
-                             disruption now ({}); trying again",
-                            rules.join(", "),
-                            status.message
-                        ),
-                        true,
-                    );
-                    for rule in rules {
-                        self.queue.add(Item::Rule(rule.clone()), RULE_BLOCKED);
-                    }
+        let refusal = match api.evict(name, &params).await {
+            Ok(_) => None,
+            Err(kube::Error::Api(status)) => match refusing_budget(&status) {
+                Some(budget) => Some((format!("{namespace}/{budget}"), status.message)),
+                None if status.code == 404 || status.code == 409 => {
+                    self.forget_pod(key, &pending.uid);
+                    return Ok(Action::Done);
                 }
-                let pause = retry_after(refusals);
-                info!(
-                    budget = %budget,
-                    refusals,
-                    retry_in_s = pause.as_secs(),
-                    "eviction refused by a PodDisruptionBudget; trying again later"
-                );
-                return Ok(Action::RecheckAfter(pause));
-            }
-            Err(e) if is_not_found_or_conflict(&e) => {
-                self.forget_pod(key, &pending.uid);
-                return Ok(Action::Done);
-            }
-            Err(kube::Error::Api(status)) if status.code == 429 => {
-                // The API server's own flow control: no budget, no error.
-                warn!(message = %status.message, "eviction throttled by the API server; trying again");
-                return Ok(Action::RecheckAfter(retry_after(1)));
-            }
+                None if status.code == 429 => {
+                    // The API server's own flow control: no budget, no error.
+                    warn!(message = %status.message, "eviction throttled by the API server; trying again");
+                    return Ok(Action::RecheckAfter(retry_after(1)));
+                }
+                None => {
+                    return Err(SyncError::kube(
+                        format!("evicting pod {key}"),
+                        kube::Error::Api(status),
+                    ));
+                }
+            },
             Err(e) => return Err(SyncError::kube(format!("evicting pod {key}"), e)),
+        };
+        if let Some((budget, refusal)) = refusal {
+            return Ok(self.held_by_budget(
+                (key, namespace, name),
+                pending,
+                rules,
+                budget,
+                &refusal,
+            ));
         }
         self.gone_for_its_taints(key, pending, rules.to_vec(), waited);
         Ok(Action::Done)
+    }
+
+    /// A budget (`namespace/name`) refused the eviction: remembered for the
+    /// rule's status, said once per budget (a Warning event on the pod, the
+    /// rule's status queued), counted, and tried again after a growing
+    /// pause.
+    fn held_by_budget(
+        &self,
+        (key, namespace, name): (&str, &str, &str),
+        pending: &Pending,
+        rules: &[String],
+        budget: String,
+        refusal: &str,
+    ) -> Action {
+        let (refusals, first_for_budget) = {
+            let mut tracking = self.tracking.lock().unwrap();
+            let blocked = tracking
+                .blocked
+                .entry(key.to_string())
+                .or_insert_with(|| Blocked {
+                    uid: pending.uid.clone(),
+                    budget: budget.clone(),
+                    refusals: 0,
+                });
+            let first_for_budget = blocked.budget != budget || blocked.refusals == 0;
+            blocked.budget = budget.clone();
+            blocked.refusals += 1;
+            (blocked.refusals, first_for_budget)
+        };
+        self.metrics.refused(rules);
+        if first_for_budget {
+            self.event_on_pod(
+                namespace,
+                name,
+                &pending.uid,
+                BLOCKED_EVENT_REASON,
+                format!(
+                    "Not evicted yet for DeviceTaintRule {}: PodDisruptionBudget {budget} allows no \
+                     disruption now ({refusal}); trying again",
+                    rules.join(", "),
+                ),
+                true,
+            );
+            for rule in rules {
+                self.queue.add(Item::Rule(rule.clone()), RULE_BLOCKED);
+            }
+        }
+        let pause = retry_after(refusals);
+        info!(
+            budget = %budget,
+            refusals,
+            retry_in_s = pause.as_secs(),
+            "eviction refused by a PodDisruptionBudget; trying again later"
+        );
+        Action::RecheckAfter(pause)
     }
 
     /// The bookkeeping once a pod was deleted or evicted for its taints.

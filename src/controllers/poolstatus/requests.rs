@@ -214,17 +214,16 @@ impl Controller {
             limit: spec.limit,
             default_partition_type_attribute: spec.default_partition_type_attribute.as_deref(),
         };
-        let rules;
+        // 1.36 counts no taint: its rules are not even read.
+        let rules = if self.release.is_1_37() {
+            rules_of(&self.stores.rules.list())
+        } else {
+            Vec::new()
+        };
         let counting = match self.release {
             Release::V1_36 => Counting::V1_36,
-            Release::V1_37 => {
-                rules = rules_of(&self.stores.rules.list());
-                Counting::V1_37 { rules: &rules }
-            }
-            Release::V1_38 => {
-                rules = rules_of(&self.stores.rules.list());
-                Counting::V1_38 { rules: &rules }
-            }
+            Release::V1_37 => Counting::V1_37 { rules: &rules },
+            Release::V1_38 => Counting::V1_38 { rules: &rules },
         };
         let answer = answer(
             question,
