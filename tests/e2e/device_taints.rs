@@ -465,3 +465,55 @@ async fn device_taint_rules_evict_report_and_wait_for_confirmation() {
     .await;
     t.finish();
 }
+
+/// `none-pod-rule` as an admin runs it: a pod on a device, then at once a
+/// `None` rule for the device, while the claim watch is a second behind
+/// the rule's (an API server under load). The preview, written once, still
+/// counts the pod: it is taken once the other watches have caught up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preview_counts_the_pods_created_just_before_it() {
+    const NAME: &str = "a_preview_counts_the_pods_created_just_before_it";
+    let Some(mut t) = TestCtx::isolated_with(NAME, rules_controller(), 0, &rules_apiserver()).await
+    else {
+        return;
+    };
+    let plan = crate::fault_proxy::FaultPlan {
+        watch_lag: Duration::from_secs(1),
+        watch_lag_only: vec!["/resourceclaims".into()],
+        ..Default::default()
+    };
+    let _proxy = crate::faults_api::controller_behind_proxy(&mut t, plan).await;
+    // Leading before anything is written, so the rule is seen as an event
+    // (a takeover would read every watch first).
+    let ours = t.isolated_env().controllers[0].clone();
+    wait_for("leading", TIMEOUT, async || {
+        let status = crate::handover::master_status(&ours.current()).await?;
+        ensure!(status == 1.0, "not leading yet");
+        Ok(())
+    })
+    .await;
+    let pool = "preview-pool";
+    publish(&t, pool, &[("d0", json!([]))]).await;
+    pod_on_device(&t, "previewed", pool, "d0", json!([])).await;
+    let selector = json!({"driver": DRIVER, "pool": pool, "device": "d0"});
+    create_rule(&t, "preview-d0", "None", selector).await;
+
+    let (_, _, message) = wait_for("the preview written", TIMEOUT, async || {
+        let c = rule_condition(&t, "preview-d0").await?;
+        ensure!(c.1 == "NoEffect", "{c:?}");
+        Ok(c)
+    })
+    .await;
+    assert!(
+        message.starts_with(
+            "1 published device selected. 1 allocated device selected. \
+             1 pod would be evicted in 1 namespace if the effect was NoExecute."
+        ),
+        "{message}"
+    );
+    holds_for("the pod kept", Duration::from_secs(2), async || {
+        ensure_untouched(&t.pods().get("previewed").await?)
+    })
+    .await;
+    t.finish();
+}

@@ -13,9 +13,45 @@ use super::budgets::waiting_message;
 /// The condition's type.
 pub(crate) const CONDITION_TYPE: &str = "EvictionInProgress";
 
+/// The reason of a `None` rule's preview.
+const NO_EFFECT: &str = "NoEffect";
+
 /// A status write is made at most this often per rule, unless its spec
 /// changed (kube-controller-manager's pace).
 pub(crate) const STATUS_PERIOD: Duration = Duration::from_secs(10);
+
+/// A `None` rule's preview is taken this long after the rule is seen, not
+/// at once: its status is written once ("will not be updated again"), and
+/// the claims and pods an admin wrote just before the rule arrive on other
+/// watches, which may be a little behind the rule's.
+pub(crate) const SIMULATION_SETTLE: Duration = Duration::from_secs(2);
+
+/// How much longer a rule's preview waits, seen `seen_for` ago: `None`,
+/// take it now. Only a `None` rule without a preview for its generation
+/// waits; everything else is written at once.
+pub(crate) fn preview_wait(rule: &DeviceTaintRule, seen_for: Duration) -> Option<Duration> {
+    if rule.spec.taint.effect != "None" || previewed(rule) {
+        return None;
+    }
+    SIMULATION_SETTLE
+        .checked_sub(seen_for)
+        .filter(|d| !d.is_zero())
+}
+
+/// Whether the rule carries its preview for its current generation.
+fn previewed(rule: &DeviceTaintRule) -> bool {
+    current_condition(rule)
+        .is_some_and(|c| c.reason == NO_EFFECT && c.observed_generation == rule.metadata.generation)
+}
+
+fn current_condition(
+    rule: &DeviceTaintRule,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    rule.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == CONDITION_TYPE))
+}
 
 /// The annotation with which an admin confirms a held rule.
 pub(crate) const CONFIRM_ANNOTATION: &str = "dra-claim-controller.io/confirm-eviction";
@@ -95,7 +131,7 @@ pub(crate) fn rule_condition(name: &str, state: &RuleState, evicted: u64) -> Rul
             namespaces,
         } => (
             "False",
-            "NoEffect",
+            NO_EFFECT,
             count(
                 published,
                 "1 published device selected. ",
@@ -178,20 +214,20 @@ pub(crate) enum StatusWrite {
 }
 
 /// Whether to write `wanted` on `rule` at `now`: not when the condition
-/// is the same (type, status, reason, message, observed generation), and
-/// not twice within [`STATUS_PERIOD`] for one generation.
+/// is the same (type, status, reason, message, observed generation), not
+/// twice within [`STATUS_PERIOD`] for one generation, and a `None` rule's
+/// preview only once per generation, as its message promises (a takeover
+/// or relist does not take it again).
 pub(crate) fn status_write(
     rule: &DeviceTaintRule,
     wanted: RuleCondition,
     now: Timestamp,
 ) -> StatusWrite {
     let generation = rule.metadata.generation;
-    let current = rule
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == CONDITION_TYPE));
-    if let Some(c) = current {
+    if wanted.reason == NO_EFFECT && previewed(rule) {
+        return StatusWrite::Unchanged;
+    }
+    if let Some(c) = current_condition(rule) {
         if c.status == wanted.status
             && c.reason == wanted.reason
             && c.message == wanted.message

@@ -12,7 +12,10 @@ use serde_json::json;
 use tracing::{debug, info};
 
 use super::decide::pod_eviction;
-use super::rule_status::{CONDITION_TYPE, RuleState, StatusWrite, rule_condition, status_write};
+use super::rule_status::{
+    CONDITION_TYPE, RuleState, SIMULATION_SETTLE, StatusWrite, preview_wait, rule_condition,
+    status_write,
+};
 use super::{CONTROLLER_NAME, Controller};
 use crate::model::device_taints::{DeviceTaints, TaintRule, published_devices_selected};
 use crate::runtime::controller::Action;
@@ -31,6 +34,16 @@ impl Controller {
             return Ok(Action::Done);
         };
         let uid = rule.metadata.uid.clone().unwrap_or_default();
+        let seen_for = self
+            .tracking
+            .lock()
+            .unwrap()
+            .rule_seen
+            .get(&uid)
+            .map_or(SIMULATION_SETTLE, |(_, at)| at.elapsed());
+        if let Some(wait) = preview_wait(&rule, seen_for) {
+            return Ok(Action::RecheckAfter(wait));
+        }
         let state = self.rule_state(&rule);
         let evicted = self
             .tracking

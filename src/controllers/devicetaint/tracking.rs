@@ -81,6 +81,9 @@ pub(crate) struct Tracking {
     /// When an eviction due now was first held back by the pacing (for the
     /// wait metric), by pod key.
     pub paced_since: HashMap<String, std::time::Instant>,
+    /// When this process first saw each rule's generation, by rule UID
+    /// (a `None` rule's preview waits for the other watches from then).
+    pub rule_seen: HashMap<String, (Option<i64>, std::time::Instant)>,
 }
 
 impl Controller {

@@ -109,6 +109,20 @@ impl Observer<DeviceTaintRule> for Controller {
             "DeviceTaintRules loaded"
         );
         self.refresh_all(true);
+        let rules = self.stores.devices.rules.list();
+        let uids: BTreeSet<&str> = rules
+            .iter()
+            .filter_map(|r| r.metadata.uid.as_deref())
+            .collect();
+        // Rules deleted while the watch was away are forgotten.
+        self.tracking
+            .lock()
+            .unwrap()
+            .rule_seen
+            .retain(|uid, _| uids.contains(uid.as_str()));
+        for rule in &rules {
+            self.saw_rule(rule);
+        }
         if self.is_leading() {
             for rule in self.stores.devices.rules.list() {
                 if let Some(name) = &rule.metadata.name {
@@ -118,6 +132,7 @@ impl Observer<DeviceTaintRule> for Controller {
         }
     }
     fn applied(&self, old: Option<&DeviceTaintRule>, rule: &DeviceTaintRule) {
+        self.saw_rule(rule);
         let changed = old.is_none_or(|old| {
             rule_input(old) != rule_input(rule) || old.metadata.uid != rule.metadata.uid
         });
@@ -138,8 +153,29 @@ impl Observer<DeviceTaintRule> for Controller {
     }
     fn deleted(&self, rule: &DeviceTaintRule) {
         if let Some(uid) = &rule.metadata.uid {
-            self.tracking.lock().unwrap().evicted_by_rule.remove(uid);
+            let mut tracking = self.tracking.lock().unwrap();
+            tracking.evicted_by_rule.remove(uid);
+            tracking.rule_seen.remove(uid);
         }
         self.refresh_all(true);
+    }
+}
+
+impl Controller {
+    /// Notes when this process first saw the rule's current generation.
+    fn saw_rule(&self, rule: &DeviceTaintRule) {
+        let Some(uid) = &rule.metadata.uid else {
+            return;
+        };
+        let generation = rule.metadata.generation;
+        let mut tracking = self.tracking.lock().unwrap();
+        match tracking.rule_seen.get(uid) {
+            Some((seen, _)) if *seen == generation => {}
+            _ => {
+                tracking
+                    .rule_seen
+                    .insert(uid.clone(), (generation, std::time::Instant::now()));
+            }
+        }
     }
 }

@@ -258,3 +258,73 @@ fn status_writes_are_skipped_when_unchanged_and_paced_within_a_generation() {
         StatusWrite::Write(pending)
     );
 }
+
+#[test]
+fn a_none_rules_preview_is_taken_once_per_generation() {
+    let previewed = |generation: i64, pods: usize| {
+        json!({"type": CONDITION_TYPE, "status": "False", "reason": "NoEffect",
+               "message": format!("{pods} pods would be evicted"), "observedGeneration": generation,
+               "lastTransitionTime": "2026-01-01T00:00:00Z"})
+    };
+    let now: Timestamp = "2026-01-01T01:00:00Z".parse().unwrap();
+    let preview = |pods| RuleState::NoEffect {
+        published: 1,
+        allocated: pods,
+        pods,
+        namespaces: 1,
+    };
+    let fresh = rule_condition("r", &preview(3), 0);
+    // Taken again after a takeover or relist, with other pods now: the
+    // status written for this generation stays.
+    let rule = rule_with(Some(previewed(1, 1)), 1);
+    assert_eq!(
+        status_write(&rule, fresh.clone(), now),
+        StatusWrite::Unchanged
+    );
+    // The spec changed (a new generation): taken again.
+    let changed = rule_with(Some(previewed(1, 1)), 2);
+    assert_eq!(
+        status_write(&changed, fresh.clone(), now),
+        StatusWrite::Write(fresh.clone())
+    );
+    // The effect changed to NoExecute (a new generation too): written.
+    let executing = condition(
+        "True",
+        "PodsPendingEviction",
+        "1 pod needs to be evicted in 1 namespace.",
+    );
+    assert_eq!(
+        status_write(&changed, executing.clone(), now),
+        StatusWrite::Write(executing)
+    );
+}
+
+#[test]
+fn only_a_preview_not_yet_taken_waits_for_the_other_watches() {
+    let with_effect = |effect: &str, condition: Option<serde_json::Value>| {
+        let mut rule = rule_with(condition, 1);
+        rule.spec.taint.effect = effect.into();
+        rule
+    };
+    let none = with_effect("None", None);
+    assert_eq!(preview_wait(&none, Duration::ZERO), Some(SIMULATION_SETTLE));
+    assert_eq!(
+        preview_wait(&none, Duration::from_millis(500)),
+        Some(SIMULATION_SETTLE - Duration::from_millis(500))
+    );
+    assert_eq!(preview_wait(&none, SIMULATION_SETTLE), None);
+    // Taken for this generation already: nothing to wait for.
+    let taken = json!({"type": CONDITION_TYPE, "status": "False", "reason": "NoEffect",
+        "message": "m", "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"});
+    assert_eq!(
+        preview_wait(&with_effect("None", Some(taken)), Duration::ZERO),
+        None
+    );
+    for effect in ["NoExecute", "NoSchedule", "Other"] {
+        assert_eq!(
+            preview_wait(&with_effect(effect, None), Duration::ZERO),
+            None,
+            "{effect}"
+        );
+    }
+}
