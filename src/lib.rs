@@ -29,8 +29,10 @@
 //!   `uncordon`, `pools`, `check-release`, also the kubectl plugin
 //!   `kubectl-dra`) uses the model and the runtime only.
 //!
-//! [`app`] wires them (which controllers run, which watches feed them,
-//! shutdown) with the flags of [`cli`]. The library surface exists so that
+//! Between the model and the controllers: [`watches`], each kind watched
+//! once for the process, and [`shared`], what every controller is built
+//! with. [`app`] runs the process (start-up, build, lead, shut down) with
+//! the flags of [`cli`]. The library surface exists so that
 //! integration tests and benchmarks drive the same code the binary runs.
 
 pub use dra_model::allocate;
@@ -41,4 +43,6 @@ pub use dra_inspect as inspect;
 pub use dra_model as model;
 pub mod naming;
 pub use dra_runtime as runtime;
+pub mod shared;
+pub mod watches;
 pub mod workqueue;

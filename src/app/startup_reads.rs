@@ -3,8 +3,10 @@
 //! each read retried until answered.
 
 use super::*;
+use crate::model::selector::LabelSelector;
 use crate::model::views::PodGroupApi;
 use crate::runtime::optional_api::{ApiStatus, Discovered};
+use crate::runtime::startup::{PER_TRY_DEADLINE, StartupRead, read_until_answered};
 
 /// What start-up must read from the API server before any work.
 pub(super) struct StartupReads {

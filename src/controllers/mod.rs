@@ -1,5 +1,6 @@
-//! The controllers, one room each. `app.rs` hands each the caches and event
-//! streams it needs; none imports another.
+//! The controllers, one room each, none importing another. Each door is a
+//! `build(&Shared, Settings)`: it subscribes to the shared watches it
+//! observes and returns what the runtime runs.
 
 pub mod allocator;
 pub mod devicetaint;

@@ -258,6 +258,12 @@ impl dra_runtime::store::HasUid for PodView {
     }
 }
 
+impl dra_runtime::store::HasUid for ClaimView {
+    fn uid(&self) -> &str {
+        ClaimView::uid(self)
+    }
+}
+
 impl dra_runtime::store::HasUid for PodGroupView {
     fn uid(&self) -> &str {
         PodGroupView::uid(self)

@@ -12,8 +12,8 @@
 //! - `state.rs`: its stores, its own writes not seen yet, waiting pods;
 //! - `metrics.rs`: `dra_claim_controller_allocations_total`.
 //!
-//! The pod, claim and PodGroup stores are the claim controller's, handed
-//! over by `app.rs`, which also makes this controller their observer.
+//! It reads and observes the process's stores (`crate::watches`),
+//! subscribing in [`build`].
 
 pub(crate) mod attempt;
 pub(crate) mod decide;
@@ -28,13 +28,15 @@ use tracing::{Span, debug, info, info_span};
 
 use crate::model::features::FeatureGates;
 use crate::model::selector::LabelSelector;
-use crate::model::views::{ClaimView, DeviceStores, NodeView, PodGroupView, PodView};
-use crate::runtime::controller::{Action, Controller as Run, Queue, Reconciler, Sweep, Wake};
+use crate::model::views::{ClaimView, PodGroupView, PodView};
+use crate::runtime::controller::{Action, Controller as Run, Lead, Queue, Reconciler, Sweep, Wake};
 use crate::runtime::error::SyncError;
 use crate::runtime::events::EventRecorder;
 use crate::runtime::reachability::Reachability;
 use crate::runtime::shared::WatchesSynced;
 use crate::runtime::store::{Store, object_key};
+use crate::shared::Shared;
+use crate::watches::devices::Kinds;
 use attempt::{Attempt, Wanted, allocate_for_pod, wake_kubelet};
 use decide::{Lookup, claims_to_allocate};
 use metrics::AllocatorMetrics;
@@ -52,16 +54,54 @@ const NEEDS_DEVICES: &str = "its claims need devices";
 const WAITING_WOKEN: &str = "devices changed where it waits";
 const RELISTED: &str = "a watch listed again";
 
-/// What the claim controller shares with the allocator.
-pub struct SharedStores {
-    pub pods: Arc<Store<PodView>>,
-    pub claims: Arc<Store<ClaimView>>,
-    /// With DRAWorkloadResourceClaims only.
-    pub pod_groups: Option<Arc<Store<PodGroupView>>>,
-    /// The process's slices, classes and nodes.
-    pub devices: DeviceStores,
-    /// Whether every watch has its first list in.
-    pub synced: WatchesSynced,
+/// What the allocator is built with.
+pub struct Settings {
+    /// `--allocate-on-nodes`, as given and parsed (`None`: off).
+    pub allocate_on_nodes: Option<(String, LabelSelector)>,
+    /// `--min-resync-period`.
+    pub min_resync_period: Duration,
+    /// The source of its events (the claim controller's: users see one
+    /// component for their claims).
+    pub event_component: &'static str,
+}
+
+/// The allocator, with `--allocate-on-nodes` only: it reads slices,
+/// classes, nodes (and rules' taints, as kube-scheduler does), and observes
+/// pods, claims and the device kinds.
+pub fn build(shared: &Shared, settings: Settings) -> anyhow::Result<Option<Box<dyn Lead>>> {
+    let Some(node_selector) = settings.allocate_on_nodes else {
+        return Ok(None);
+    };
+    shared.read_devices(Kinds::for_allocating(&shared.gates));
+    let stores = shared.claims.stores();
+    let client = shared.client.clone();
+    let allocator = Arc::new(Controller {
+        ctx: Context {
+            events: EventRecorder::new(
+                client.clone(),
+                settings.event_component,
+                shared.identity.clone(),
+            ),
+            client,
+            state: Allocation::new(node_selector.0, node_selector.1, shared.devices.stores()),
+            pods: stores.pods.clone(),
+            claims: stores.claims.clone(),
+            pod_groups: shared
+                .group_claims_served()
+                .then(|| stores.pod_groups.clone()),
+            gates: shared.gates,
+            metrics: AllocatorMetrics::register(&shared.registry)?,
+            reachability: shared.reachability.clone(),
+        },
+        queue: Queue::new(QUEUE_NAME, Some(&shared.registry)),
+        synced: shared.synced.clone(),
+    });
+    shared.observe_pods(allocator.clone());
+    shared.observe_claims(allocator.clone());
+    shared.observe_slices(allocator.clone());
+    shared.observe_classes(allocator.clone());
+    shared.observe_nodes(allocator.clone());
+    Ok(Some(Box::new(allocator.run(settings.min_resync_period))))
 }
 
 /// Everything an attempt needs.
@@ -87,38 +127,6 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// An allocator for the nodes `node_selector` selects (kept in
-    /// `declared`, which the claim controller reads too), writing with
-    /// `client` and telling users through events from `event_component`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        client: kube::Client,
-        node_selector: (String, LabelSelector),
-        declared: Arc<Store<NodeView>>,
-        stores: SharedStores,
-        gates: FeatureGates,
-        registry: &prometheus::Registry,
-        identity: &str,
-        event_component: &'static str,
-        reachability: Arc<Reachability>,
-    ) -> anyhow::Result<Arc<Self>> {
-        Ok(Arc::new(Controller {
-            ctx: Context {
-                events: EventRecorder::new(client.clone(), event_component, identity.to_string()),
-                client,
-                state: Allocation::new(node_selector.0, node_selector.1, &stores.devices, declared),
-                pods: stores.pods,
-                claims: stores.claims,
-                pod_groups: stores.pod_groups,
-                gates,
-                metrics: AllocatorMetrics::register(registry)?,
-                reachability,
-            },
-            queue: Queue::new(QUEUE_NAME, Some(registry)),
-            synced: stores.synced,
-        }))
-    }
-
     /// This controller as the runtime runs it: one worker (attempts never
     /// overlap, so each sees the writes of the one before), a jittered
     /// resync from `min_resync_period`.

@@ -34,9 +34,7 @@ pub struct Allocation {
     /// DeviceTaintRules (empty while `DRADeviceTaintRules` is off): their
     /// taints keep devices from claims that do not tolerate them.
     pub rules: Arc<Store<k8s_openapi::api::resource::v1::DeviceTaintRule>>,
-    /// The declared nodes among them. Shared with the claim controller,
-    /// which tells nobody "nothing will allocate this" for pods on these
-    /// nodes.
+    /// The declared nodes among them.
     pub nodes: Arc<Store<NodeView>>,
     /// Claim UID → the resourceVersion guarding an allocation this process
     /// wrote (or tried to: an answer lost after the write committed counts,
@@ -52,7 +50,6 @@ impl Allocation {
         selector_text: String,
         node_selector: LabelSelector,
         devices: &DeviceStores,
-        nodes: Arc<Store<NodeView>>,
     ) -> Self {
         Allocation {
             node_selector,
@@ -61,7 +58,7 @@ impl Allocation {
             classes: devices.classes.clone(),
             all_nodes: devices.nodes.clone(),
             rules: devices.rules.clone(),
-            nodes,
+            nodes: Arc::new(Store::new(Vec::new())),
             written: Mutex::new(HashMap::new()),
             waiting: Mutex::new(BTreeMap::new()),
         }
@@ -209,7 +206,6 @@ mod tests {
             "x=y".into(),
             LabelSelector::parse("x=y").unwrap(),
             &DeviceStores::default(),
-            Arc::new(Store::new(Vec::new())),
         );
         let claims = [
             claim("a", &[("gpu-0", false)]),
@@ -236,7 +232,6 @@ mod tests {
             "x=y".into(),
             LabelSelector::parse("x=y").unwrap(),
             &DeviceStores::default(),
-            Arc::new(Store::new(Vec::new())),
         );
         state.note_written("c", "7", vec![id("gpu-3")]);
         let read = |version: &str| -> k8s_openapi::api::resource::v1::ResourceClaim {
@@ -258,7 +253,6 @@ mod tests {
             "x=y".into(),
             LabelSelector::parse("x=y").unwrap(),
             &DeviceStores::default(),
-            Arc::new(Store::new(Vec::new())),
         );
         assert!(state.wait("ns/p", "node-1", "2 needed, 1 free"));
         assert!(!state.wait("ns/p", "node-1", "2 needed, 1 free"));

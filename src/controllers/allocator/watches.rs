@@ -99,8 +99,7 @@ impl Observer<DeviceClass> for Controller {
 }
 
 /// The declared nodes are those of the one node watch that the selector
-/// matches; the allocator keeps them in a store of their own, which the
-/// claim controller reads too.
+/// matches; the allocator keeps them in a store of its own.
 impl Observer<NodeView> for Controller {
     fn relisted(&self) {
         let state = &self.ctx.state;

@@ -17,8 +17,8 @@
 //!   the guard's threshold; `rule_sync.rs` writes it;
 //! - `metrics.rs`: upstream's two metrics and ours.
 //!
-//! It watches nothing of its own: the pod and claim stores are the claim
-//! controller's, the slices and rules the process's shared watches'.
+//! It watches nothing of its own: it reads and observes the process's
+//! stores (`crate::watches`), subscribing in [`build`].
 
 mod budgets;
 pub mod decide;
@@ -39,12 +39,14 @@ use tracing::{Span, info, info_span};
 use crate::model::device_taints::RulesVersion;
 use crate::model::features::FeatureGates;
 use crate::model::views::{ClaimView, DeviceStores, PodView};
-use crate::runtime::controller::{Action, Controller as Run, Queue, Reconciler, Sweep, Wake};
+use crate::runtime::controller::{Action, Controller as Run, Lead, Queue, Reconciler, Sweep, Wake};
 use crate::runtime::error::SyncError;
 use crate::runtime::events::EventRecorder;
 use crate::runtime::reachability::Reachability;
 use crate::runtime::shared::WatchesSynced;
 use crate::runtime::store::{RecentSet, Store};
+use crate::shared::Shared;
+use crate::watches::devices::Kinds;
 use metrics::EvictionMetrics;
 use tracking::Tracking;
 
@@ -84,13 +86,49 @@ pub enum Item {
 pub struct Settings {
     /// `--concurrent-device-taint-eviction-syncs`.
     pub workers: usize,
-    pub gates: FeatureGates,
     /// `--device-taint-evictions-per-second` (0: unpaced, as upstream).
     pub evictions_per_second: f64,
     /// `--device-taint-evictions-per-rule-per-second` (0: unpaced).
     pub evictions_per_rule_per_second: f64,
     /// `--device-taint-eviction-max-share` (1 or more: no guard).
     pub max_share: f64,
+}
+
+/// The eviction controller, with `DRADeviceTaints` on: it reads slices
+/// (and rules, with `DRADeviceTaintRules`), and observes pods, claims,
+/// slices and rules.
+pub fn build(shared: &Shared, settings: Settings) -> anyhow::Result<Box<dyn Lead>> {
+    let rules = shared.gates.device_taint_rules_on();
+    shared.read_devices(Kinds {
+        slices: true,
+        rules,
+        ..Kinds::default()
+    });
+    let claim_stores = shared.claims.stores();
+    info!(
+        workers = settings.workers,
+        per_second = settings.evictions_per_second,
+        per_rule_per_second = settings.evictions_per_rule_per_second,
+        max_share = settings.max_share,
+        rules,
+        "device-taint eviction on"
+    );
+    let eviction = Controller::new(
+        shared,
+        settings,
+        Stores {
+            pods: claim_stores.pods.clone(),
+            claims: claim_stores.claims.clone(),
+            devices: shared.devices.stores().clone(),
+            synced: shared.synced.clone(),
+            rules_version: shared.devices.rules_version(),
+        },
+    )?;
+    shared.observe_pods(eviction.clone());
+    shared.observe_claims(eviction.clone());
+    shared.observe_slices(eviction.clone());
+    shared.observe_rules(eviction.clone());
+    Ok(Box::new(eviction.run()))
 }
 
 /// The stores it reads (none of them its own).
@@ -110,6 +148,7 @@ pub struct Controller {
     events: Arc<EventRecorder>,
     metrics: EvictionMetrics,
     settings: Settings,
+    gates: FeatureGates,
     stores: Stores,
     tracking: Mutex<Tracking>,
     /// Held while the taint index is rebuilt: one rebuild at a time.
@@ -133,31 +172,26 @@ fn quota(rate: f64) -> Option<Quota> {
 }
 
 impl Controller {
-    pub fn new(
-        client: kube::Client,
-        settings: Settings,
-        stores: Stores,
-        registry: &prometheus::Registry,
-        identity: &str,
-        reachability: Arc<Reachability>,
-    ) -> anyhow::Result<Arc<Self>> {
+    fn new(shared: &Shared, settings: Settings, stores: Stores) -> anyhow::Result<Arc<Self>> {
+        let (client, registry) = (shared.client.clone(), &shared.registry);
         let overall = quota(settings.evictions_per_second).map(RateLimiter::direct);
         let per_rule = quota(settings.evictions_per_rule_per_second).map(RateLimiter::keyed);
         Ok(Arc::new(Controller {
             events: Arc::new(EventRecorder::new(
                 client.clone(),
                 CONTROLLER_NAME,
-                identity.to_string(),
+                shared.identity.clone(),
             )),
             client,
             metrics: EvictionMetrics::register(registry)?,
             tracking: Mutex::new(Tracking::default()),
             refreshing: Mutex::new(()),
             settings,
+            gates: shared.gates,
             stores,
             evicted: RecentSet::new(EVICTED_REMEMBERED),
             queue: Queue::new(CONTROLLER_NAME, Some(registry)),
-            reachability,
+            reachability: shared.reachability.clone(),
             overall,
             per_rule,
         }))

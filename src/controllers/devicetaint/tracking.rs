@@ -88,7 +88,7 @@ pub(crate) struct Tracking {
 
 impl Controller {
     pub(crate) fn pod_group_claims(&self) -> bool {
-        self.settings.gates.workload_resource_claims
+        self.gates.workload_resource_claims
     }
 
     /// Rebuilds the taint index from the stores (with `rules_changed`,

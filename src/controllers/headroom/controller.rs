@@ -58,8 +58,8 @@ pub struct Settings {
 pub struct Stores {
     pub devices: DeviceStores,
     pub claims: Arc<Store<ClaimView>>,
-    /// The claim controller's pods (those with claims): a pod headroom
-    /// keeps too is held once, shared.
+    /// The process's pods with claims: a pod headroom keeps too is held
+    /// once, shared.
     pub claim_pods: Arc<Store<PodView>>,
     pub synced: WatchesSynced,
 }
@@ -149,11 +149,11 @@ pub struct Controller {
     /// hold a node, wait for devices, or are placeholders (see
     /// `watches::keeps`).
     pub(super) pods: Store<PodView>,
-    /// The claim controller's pods, whose copies `pods` shares.
+    /// The process's pods with claims, whose copies `pods` shares.
     pub(super) claim_pods: Arc<Store<PodView>>,
     /// The process's slices, classes and nodes.
     pub(super) devices: DeviceStores,
-    /// The claim controller's claim store.
+    /// The process's claim store.
     pub(super) claims: Arc<Store<ClaimView>>,
     /// Whether the process's watches have their first lists in.
     pub(super) synced: WatchesSynced,

@@ -42,9 +42,59 @@ mod watches;
 mod watermarks;
 mod yielding;
 
-/// The room's door: what `app.rs` uses.
-pub use controller::{Controller, Settings, Stores};
-pub use watches::keeps as keeps_pod;
+use std::sync::Arc;
+
+use crate::runtime::controller::Lead;
+use crate::shared::Shared;
+use crate::watches::devices::Kinds;
+use controller::{Controller, Settings, Stores};
+
+/// Which of headroom's parts the flags turn on.
+pub struct Flags {
+    /// `--headroom-yield`.
+    pub yield_enabled: bool,
+    /// `--headroom-seed-watermarks`.
+    pub seed_watermarks: bool,
+    /// `--headroom-capacity-buffers`.
+    pub capacity_buffers: bool,
+}
+
+/// Headroom on the process's watches: it reads slices, classes, nodes
+/// (and rules' taints), observes claims and the device kinds, keeps the
+/// pods it needs from every pod event, and watches its front doors' CRDs
+/// itself. The process is ready once those doors have settled.
+pub fn build(shared: &Shared, flags: Flags) -> anyhow::Result<Box<dyn Lead>> {
+    shared.read_devices(Kinds::for_allocating(&shared.gates));
+    let stores = shared.claims.stores();
+    let headroom = Controller::new(
+        shared.client.clone(),
+        &shared.registry,
+        Settings {
+            yield_enabled: flags.yield_enabled,
+            seed_watermarks: flags.seed_watermarks,
+            capacity_buffers: flags.capacity_buffers,
+            health: shared.health.clone(),
+            gates: shared.gates,
+        },
+        Stores {
+            devices: shared.devices.stores().clone(),
+            claims: stores.claims.clone(),
+            claim_pods: stores.pods.clone(),
+            synced: shared.synced.clone(),
+        },
+        &shared.identity,
+        shared.reachability.clone(),
+    )?;
+    shared.observe_claims(headroom.clone());
+    shared.observe_slices(headroom.clone());
+    shared.observe_classes(headroom.clone());
+    shared.observe_nodes(headroom.clone());
+    shared.handle_pods(headroom.clone());
+    shared.spawn_with_watches(headroom.clone().run_watch());
+    let settled = Arc::clone(&headroom);
+    shared.ready_once(async move { settled.wait_synced().await });
+    Ok(Box::new(headroom.run()))
+}
 
 /// Each front door's API, where it has always been.
 pub use capacity_buffers::buffer;

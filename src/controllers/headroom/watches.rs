@@ -23,7 +23,7 @@ use crate::runtime::store::{Store, object_key};
 /// finished (usage), those with claims that have not finished (they may
 /// wait for devices), and placeholders of any state. Unbound pods without
 /// claims, and finished ones, weigh nothing here and are not held.
-pub fn keeps(pod: &PodView) -> bool {
+pub(crate) fn keeps(pod: &PodView) -> bool {
     pod.is_placeholder()
         || (!pod.is_terminal()
             && (pod.node_name().is_some() || !pod.spec.resource_claims.is_empty()))
@@ -213,12 +213,11 @@ impl<K: kube::Resource + Send + Sync> Handler<K> for Kept<'_, K> {
 }
 
 impl Controller {
-    /// `pod` to keep: the claim controller's copy of this very version
-    /// when it holds one (it handles each pod event first), so that a pod
-    /// both keep is held once. Its copy differs from the event only in what
-    /// the claim controller remembers of the pod's past (and a recorded
-    /// extended-resource claim a later write dropped): such a copy is not
-    /// shared.
+    /// `pod` to keep: the shared pod store's copy of this very version
+    /// when it holds one (its keeper handles each pod event first), so that
+    /// a pod both keep is held once. Its copy differs from the event only in
+    /// the pod's history (and a recorded extended-resource claim a later
+    /// write dropped): such a copy is not shared.
     fn shared(&self, pod: PodView) -> Arc<PodView> {
         match self
             .claim_pods

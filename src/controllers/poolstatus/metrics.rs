@@ -35,7 +35,7 @@ pub enum PoolMetrics {
 }
 
 /// The gauge, reading the process's stores.
-pub struct PoolGauge {
+pub(crate) struct PoolGauge {
     devices: DeviceStores,
     claims: Arc<Store<ClaimView>>,
     synced: WatchesSynced,
@@ -43,7 +43,7 @@ pub struct PoolGauge {
 }
 
 impl PoolGauge {
-    pub fn new(
+    pub(crate) fn new(
         devices: DeviceStores,
         claims: Arc<Store<ClaimView>>,
         synced: WatchesSynced,

@@ -53,7 +53,7 @@ use crate::runtime::store::Store;
 
 /// kube-controller-manager's name for it; here also the work queue's
 /// `name` (upstream's queue has none, so no metrics).
-pub const CONTROLLER_NAME: &str = "resourcepoolstatusrequest-controller";
+pub(crate) const CONTROLLER_NAME: &str = "resourcepoolstatusrequest-controller";
 
 /// The API the requests are served in (alpha in 1.36 and 1.37).
 const REQUESTS_API: OptionalApi = OptionalApi {
@@ -76,20 +76,20 @@ const REQUESTS_LISTED: &str = "requests listed";
 
 /// One work item: a request to answer (its name), or the clean-up.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Item {
+pub(crate) enum Item {
     Request(String),
     Cleanup,
 }
 
 /// The stores it reads (none of them its own but the requests').
-pub struct Stores {
+pub(crate) struct Stores {
     pub slices: Arc<Store<k8s_openapi::api::resource::v1::ResourceSlice>>,
     pub claims: Arc<Store<ClaimView>>,
     /// DeviceTaintRules (empty while `DRADeviceTaintRules` is off).
     pub rules: Arc<Store<k8s_openapi::api::resource::v1::DeviceTaintRule>>,
 }
 
-pub struct Controller {
+pub(crate) struct Controller {
     /// Whose counting: 1.37 counts each device once and taints.
     release: Release,
     api: Api<ResourcePoolStatusRequest>,
@@ -103,7 +103,7 @@ pub struct Controller {
 }
 
 impl Controller {
-    pub fn new(
+    pub(crate) fn new(
         client: kube::Client,
         release: Release,
         stores: Stores,
@@ -125,7 +125,7 @@ impl Controller {
     /// This controller as the runtime runs it. One worker, as upstream:
     /// answers are cheap, and one at a time keeps the API server's load
     /// flat whatever the number of requests.
-    pub fn run(self: &Arc<Self>) -> Run<Self> {
+    pub(crate) fn run(self: &Arc<Self>) -> Run<Self> {
         Run::new(self.clone(), self.queue.clone(), self.reachability.clone())
     }
 

@@ -1,31 +1,31 @@
-//! The claim controller's caches: the stores its watches feed (pods,
-//! claims, templates, PodGroups, indexed as `model::indexes` says), and what
-//! it remembers beyond them (claims it created a moment ago, recently
-//! deleted pods, creates whose outcome is uncertain).
+//! The claim controller's caches: the process's stores it reads (pods,
+//! claims, templates, PodGroups, indexed as `model::indexes` says, kept by
+//! `watches::claims`), and what it remembers beyond them (claims it created
+//! a moment ago, recently deleted pods, creates whose outcome is
+//! uncertain).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::model::indexes::{
-    CLAIMS_BY_OWNER_UID, GROUPS_BY_CLAIM, GROUPS_BY_TEMPLATE, PODS_BY_CLAIM, PODS_BY_GROUP,
-    PODS_BY_TEMPLATE, PODS_WAITING, WAITING, claim_owner_index, group_claim_index, group_owner_key,
-    group_template_index, pod_claim_index, pod_group_index, pod_template_index, pod_waiting_index,
+    CLAIMS_BY_OWNER_UID, PODS_WAITING, WAITING, claim_owner_index, group_owner_key,
 };
+use crate::model::selector::LabelSelector;
 use crate::model::views::{ClaimView, NodeView, PodGroupApi, PodGroupView, PodView, TemplateView};
-use crate::runtime::store::{IndexFn, RecentMap, RecentSet, Store, object_key};
+use crate::runtime::shared::WatchesSynced;
+use crate::runtime::store::{RecentMap, RecentSet, Store, object_key};
+use crate::watches::claims::{ClaimStores, ClaimWatches};
 
 /// How long a claim created by this process is remembered while the watch
 /// has not delivered it. The watch normally catches up within a second.
 const CREATED_CLAIM_TTL: Duration = Duration::from_secs(600);
 
-/// The three caches plus what the controller remembers beyond them.
+/// The process's stores plus what the controller remembers beyond them.
 pub struct Caches {
-    /// Shared with the allocator for declared nodes, which reads them.
     pub pods: Arc<Store<PodView>>,
     pub claims: Arc<Store<ClaimView>>,
-    pub templates: Store<TemplateView>,
+    pub templates: Arc<Store<TemplateView>>,
     /// PodGroups, with DRAWorkloadResourceClaims on (empty otherwise).
     pub pod_groups: Arc<Store<PodGroupView>>,
     /// UIDs of PodGroups seen deleted recently.
@@ -50,11 +50,26 @@ pub struct Caches {
     missing_reported: RecentSet<(String, String)>,
     /// Every watch has loaded its first list: absence from a cache now
     /// means absence from the cluster (what scrape-time gauges rely on).
-    synced: AtomicBool,
+    synced: WatchesSynced,
     /// The nodes whose pre-scheduled pods' claims another part of the
     /// process allocates (`--allocate-on-nodes`): nobody needs to be told
     /// that nothing will.
-    allocator_nodes: Option<Arc<Store<NodeView>>>,
+    allocator_nodes: Option<DeclaredNodes>,
+}
+
+/// The nodes of `--allocate-on-nodes`: those of the process's node store
+/// that the selector matches.
+pub struct DeclaredNodes {
+    pub selector: LabelSelector,
+    pub nodes: Arc<Store<NodeView>>,
+}
+
+impl DeclaredNodes {
+    fn declares(&self, node: &str) -> bool {
+        self.nodes
+            .get(node)
+            .is_some_and(|n| self.selector.matches(n.labels()))
+    }
 }
 
 impl Default for Caches {
@@ -64,26 +79,27 @@ impl Default for Caches {
 }
 
 impl Caches {
+    /// Caches of stores of their own (tests and tools).
     pub fn new() -> Self {
+        Self::of(&ClaimStores::default(), WatchesSynced::default())
+    }
+
+    /// The claim controller's view of the process's claim watches, serving
+    /// PodGroup claims when `group_claims`.
+    pub(crate) fn on(watches: &ClaimWatches, group_claims: bool) -> Self {
         Caches {
-            pods: Arc::new(Store::new(vec![
-                (PODS_BY_CLAIM, pod_claim_index as IndexFn<PodView>),
-                (PODS_BY_TEMPLATE, pod_template_index),
-                (PODS_BY_GROUP, pod_group_index),
-                (PODS_WAITING, pod_waiting_index),
-            ])),
-            claims: Arc::new(Store::new(vec![(
-                CLAIMS_BY_OWNER_UID,
-                claim_owner_index as IndexFn<ClaimView>,
-            )])),
-            templates: Store::new(Vec::new()),
-            pod_groups: Arc::new(Store::new(vec![
-                (
-                    GROUPS_BY_TEMPLATE,
-                    group_template_index as IndexFn<PodGroupView>,
-                ),
-                (GROUPS_BY_CLAIM, group_claim_index),
-            ])),
+            pod_group_api: watches.pod_group_api().cloned(),
+            group_claims,
+            ..Self::of(watches.stores(), watches.synced().clone())
+        }
+    }
+
+    fn of(stores: &ClaimStores, synced: WatchesSynced) -> Self {
+        Caches {
+            pods: stores.pods.clone(),
+            claims: stores.claims.clone(),
+            templates: stores.templates.clone(),
+            pod_groups: stores.pod_groups.clone(),
             deleted_pod_groups: RecentSet::new(500),
             pod_group_api: None,
             group_claims: false,
@@ -92,7 +108,7 @@ impl Caches {
             deleted_pod_uids: RecentMap::new(500),
             uncertain_creates: RecentSet::new(10_000),
             missing_reported: RecentSet::new(10_000),
-            synced: AtomicBool::new(false),
+            synced,
             allocator_nodes: None,
         }
     }
@@ -105,7 +121,7 @@ impl Caches {
     }
 
     /// Caches that know the nodes whose claims the allocator allocates.
-    pub(crate) fn with_allocator_nodes(mut self, nodes: Arc<Store<NodeView>>) -> Self {
+    pub(crate) fn with_allocator_nodes(mut self, nodes: DeclaredNodes) -> Self {
         self.allocator_nodes = Some(nodes);
         self
     }
@@ -117,25 +133,15 @@ impl Caches {
             && self
                 .allocator_nodes
                 .as_ref()
-                .is_some_and(|nodes| nodes.get(node).is_some())
+                .is_some_and(|declared| declared.declares(node))
     }
 
-    /// Caches for a controller that serves PodGroup claims, PodGroups read
-    /// at `api`.
+    /// Caches that serve PodGroup claims, PodGroups read at `api`.
+    #[cfg(test)]
     pub(crate) fn with_pod_groups(api: PodGroupApi) -> Self {
         Caches {
             pod_group_api: Some(api),
             group_claims: true,
-            ..Caches::new()
-        }
-    }
-
-    /// Caches for a controller that reads PodGroups at `api` (to know a
-    /// member pod's group) without serving their claims (1.37 with
-    /// GenericWorkload on and DRAWorkloadResourceClaims off).
-    pub(crate) fn reading_pod_groups(api: PodGroupApi) -> Self {
-        Caches {
-            pod_group_api: Some(api),
             ..Caches::new()
         }
     }
@@ -168,12 +174,13 @@ impl Caches {
         )
     }
 
+    #[cfg(test)]
     pub(crate) fn mark_synced(&self) {
-        self.synced.store(true, Ordering::Release);
+        self.synced.set();
     }
 
     pub fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire)
+        self.synced.is_synced()
     }
 
     /// A claim by name: the watch's view first, else one we just created.
@@ -277,6 +284,7 @@ impl Caches {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::indexes::{PODS_BY_CLAIM, PODS_BY_TEMPLATE, pod_template_index};
     use serde_json::json;
 
     #[test]

@@ -1,8 +1,8 @@
 //! The ResourceClaim lifecycle controller (kube-controller-manager's
 //! `resourceclaim-controller`):
 //!
-//! - `mod.rs`: the [`Controller`] (queue, informers, observers of its pod
-//!   and claim watches); `watches.rs` (what each event does),
+//! - `mod.rs`: the [`Controller`] (its caches over the process's stores,
+//!   its queue); `watches.rs` (what each change of those stores queues),
 //!   `worker.rs` (the sync of one key, as the runtime's [`Reconciler`]),
 //!   `resync.rs` (what a takeover and a resync queue); the runtime runs the
 //!   workers, the leader gate, retries, the resync and the shut-down;
@@ -10,7 +10,7 @@
 //!   their writes (`execute`); `entries.rs`: an owner's claims adopted,
 //!   created and recorded, for pod and PodGroup work alike;
 //! - below them: `enqueue.rs` (what wakes what, and why), `cache.rs`,
-//!   `context.rs`, `observe.rs`, `patch.rs`, `metrics.rs`.
+//!   `context.rs`, `patch.rs`, `metrics.rs`.
 //!
 //! Allocation is not its business: on nodes declared for the allocator it
 //! only stays quiet about claims nothing else would allocate.
@@ -21,7 +21,6 @@ pub(crate) mod context;
 pub(crate) mod enqueue;
 pub(crate) mod entries;
 pub(crate) mod metrics;
-pub(crate) mod observe;
 pub(crate) mod patch;
 pub mod pod;
 pub(crate) mod podgroup;
@@ -30,21 +29,17 @@ mod resync;
 mod watches;
 mod worker;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use kube::Api;
 use tracing::debug;
 
-use crate::model::features::FeatureGates;
-use crate::model::views::{self, ClaimView, NodeView, PodView, TemplateView};
-use crate::runtime::controller::{Controller as Run, Queue};
+use crate::model::selector::LabelSelector;
+use crate::runtime::controller::{Controller as Run, Lead, Queue};
 use crate::runtime::events::EventRecorder;
-use crate::runtime::informer::{Handler, Informer, Observer};
-use crate::runtime::reachability::Reachability;
-use crate::runtime::shared::Fanout;
-use crate::runtime::store::Store;
-use cache::Caches;
+use crate::shared::Shared;
+use crate::watches::devices::Kinds;
+use cache::{Caches, DeclaredNodes};
 use context::Context;
 use enqueue::{Why, WorkKey};
 use metrics::{ControllerMetrics, MetricsNaming};
@@ -54,103 +49,70 @@ pub(crate) const QUEUE_NAME: &str = "resource_claim";
 /// The source of our events, as kube-controller-manager's controller names it.
 pub(crate) const EVENT_COMPONENT: &str = "resource_claim";
 
-/// Who else reacts to the pod and claim watches (the allocator for
-/// declared nodes), told after each change is in the caches.
-#[derive(Default)]
-pub(crate) struct Observers {
-    pods: OnceLock<Vec<Arc<dyn Observer<PodView>>>>,
-    claims: OnceLock<Vec<Arc<dyn Observer<ClaimView>>>>,
+/// What the claim controller is built with.
+pub struct Settings {
+    /// `--concurrent-resourceclaim-syncs`.
+    pub workers: usize,
+    /// `--min-resync-period`.
+    pub min_resync_period: Duration,
+    pub metrics_naming: MetricsNaming,
+    /// `--allocate-on-nodes`: pre-scheduled pods on these nodes have their
+    /// claims allocated by the allocator, so nobody is told that nothing
+    /// will.
+    pub allocate_on_nodes: Option<LabelSelector>,
 }
 
-impl Observers {
-    fn pods(&self) -> impl Iterator<Item = &Arc<dyn Observer<PodView>>> {
-        self.pods.get().into_iter().flatten()
+/// The claim controller on the process's watches: it observes pods,
+/// claims, templates and PodGroups (and reads nodes with
+/// `--allocate-on-nodes`). Always runs.
+pub fn build(shared: &Shared, settings: Settings) -> anyhow::Result<Box<dyn Lead>> {
+    let declared = settings.allocate_on_nodes.map(|selector| {
+        shared.read_devices(Kinds {
+            nodes: true,
+            ..Kinds::default()
+        });
+        DeclaredNodes {
+            selector,
+            nodes: shared.devices.stores().nodes.clone(),
+        }
+    });
+    let mut caches = Caches::on(&shared.claims, shared.group_claims_served());
+    if let Some(declared) = declared {
+        caches = caches.with_allocator_nodes(declared);
     }
-    fn claims(&self) -> impl Iterator<Item = &Arc<dyn Observer<ClaimView>>> {
-        self.claims.get().into_iter().flatten()
-    }
+    let caches = Arc::new(caches);
+    let metrics =
+        ControllerMetrics::register(&shared.registry, caches.clone(), settings.metrics_naming)?;
+    let client = shared.client.clone();
+    let controller = Arc::new(Controller {
+        ctx: Arc::new(Context {
+            events: EventRecorder::new(client.clone(), EVENT_COMPONENT, shared.identity.clone()),
+            client,
+            caches,
+            gates: shared.gates,
+            metrics,
+            reachability: shared.reachability.clone(),
+        }),
+        queue: Queue::new(QUEUE_NAME, Some(&shared.registry)),
+    });
+    shared.observe_pods(controller.clone());
+    shared.observe_claims(controller.clone());
+    shared.observe_templates(controller.clone());
+    shared.observe_pod_groups(controller.clone());
+    Ok(Box::new(
+        controller.run(settings.workers, settings.min_resync_period),
+    ))
 }
 
-/// The controller: informers feeding caches, one queue (the runtime runs
-/// its N workers).
+/// The controller: its caches over the process's stores, one queue (the
+/// runtime runs its N workers).
 pub struct Controller {
     ctx: Arc<Context>,
     /// Keys are queued only while leading; a standby keeps its caches warm.
     queue: Queue<WorkKey, Why>,
-    pods: Informer,
-    claims: Informer,
-    templates: Informer,
-    /// With DRAWorkloadResourceClaims only.
-    pod_groups: Option<Informer>,
-    observers: Observers,
 }
 
 impl Controller {
-    pub fn new(
-        client: kube::Client,
-        gates: FeatureGates,
-        registry: &prometheus::Registry,
-        identity: &str,
-        metrics_naming: MetricsNaming,
-        pod_group_api: Option<views::PodGroupApi>,
-        allocator_nodes: Option<Arc<Store<NodeView>>>,
-    ) -> anyhow::Result<Arc<Self>> {
-        let with_groups = pod_group_api.is_some();
-        let mut caches = match pod_group_api {
-            Some(api) if gates.workload_resource_claims => Caches::with_pod_groups(api),
-            Some(api) => Caches::reading_pod_groups(api),
-            None => Caches::new(),
-        };
-        if let Some(nodes) = allocator_nodes {
-            caches = caches.with_allocator_nodes(nodes);
-        }
-        let caches = Arc::new(caches);
-        let metrics = ControllerMetrics::register(registry, caches.clone(), metrics_naming)?;
-        let ctx = Arc::new(Context {
-            events: EventRecorder::new(client.clone(), EVENT_COMPONENT, identity.to_string()),
-            client,
-            caches,
-            gates,
-            metrics,
-            reachability: Arc::new(Reachability::new()),
-        });
-        Ok(Arc::new(Controller {
-            ctx,
-            queue: Queue::new(QUEUE_NAME, Some(registry)),
-            pods: Informer::new("pods"),
-            claims: Informer::new("resourceclaims"),
-            templates: Informer::new("resourceclaimtemplates"),
-            pod_groups: with_groups.then(|| Informer::new("podgroups")),
-            observers: Observers::default(),
-        }))
-    }
-
-    /// Lets `pods` and `claims` react to changes of the pod and claim
-    /// stores too. Set once, before the watches run.
-    pub fn observe(
-        &self,
-        pods: Vec<Arc<dyn Observer<PodView>>>,
-        claims: Vec<Arc<dyn Observer<ClaimView>>>,
-    ) {
-        let _ = self.observers.pods.set(pods);
-        let _ = self.observers.claims.set(claims);
-    }
-
-    /// Whether the API server answers, shared with whoever else writes.
-    pub fn reachability(&self) -> &Arc<Reachability> {
-        &self.ctx.reachability
-    }
-
-    /// Probes the API server while it is reported unreachable; runs until
-    /// the process ends.
-    pub(crate) async fn run_reachability_probe(self: Arc<Self>) {
-        self.ctx.reachability.probe(self.ctx.client.clone()).await;
-    }
-
-    pub fn caches(&self) -> &Arc<Caches> {
-        &self.ctx.caches
-    }
-
     /// This controller as the runtime runs it: `workers` syncs at once
     /// (`--concurrent-resourceclaim-syncs`), a jittered resync from
     /// `min_resync_period` (`--min-resync-period`).
@@ -164,52 +126,8 @@ impl Controller {
         .resync_every(min_resync_period)
     }
 
-    /// Resolves once the first list of every watch has been loaded.
-    pub async fn wait_synced(&self) {
-        self.pods.wait_synced().await;
-        self.claims.wait_synced().await;
-        self.templates.wait_synced().await;
-        if let Some(groups) = &self.pod_groups {
-            groups.wait_synced().await;
-        }
-        self.ctx.caches.mark_synced();
-    }
-
     pub fn is_synced(&self) -> bool {
-        self.pods.is_synced()
-            && self.claims.is_synced()
-            && self.templates.is_synced()
-            && self.pod_groups.as_ref().is_none_or(Informer::is_synced)
-    }
-
-    /// Runs the watches until the process ends. The pod watch is the
-    /// process's only one: `also_pods` (other rooms' handlers, wired by
-    /// `app.rs`) see each of its events after this controller does.
-    pub(crate) async fn run_watches(self: Arc<Self>, also_pods: Vec<Arc<dyn Handler<PodView>>>) {
-        let client = self.ctx.client.clone();
-        let this = &*self;
-        let mut pod_handlers: Vec<&dyn Handler<PodView>> = vec![this];
-        pod_handlers.extend(also_pods.iter().map(|h| &**h));
-        let pods = Fanout::new(pod_handlers);
-        let groups = async {
-            if let (Some(informer), Some(api)) = (&this.pod_groups, this.ctx.caches.pod_group_api())
-            {
-                informer
-                    .run(
-                        Api::<views::PodGroupView>::all_with(client.clone(), api),
-                        this,
-                    )
-                    .await
-            }
-        };
-        tokio::join!(
-            this.pods
-                .run_protobuf(Api::<PodView>::all(client.clone()), &pods),
-            this.claims.run(Api::<ClaimView>::all(client.clone()), this),
-            this.templates
-                .run(Api::<TemplateView>::all(client.clone()), this),
-            groups,
-        );
+        self.ctx.caches.is_synced()
     }
 
     fn enqueue(&self, keys: impl IntoIterator<Item = (WorkKey, Why)>) {

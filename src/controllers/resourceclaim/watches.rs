@@ -1,221 +1,96 @@
-//! What each watch event does to the caches and the queue ("what wakes
-//! what" of the contract), as the handlers of the informers; the pod and
-//! claim changes are then passed on to their observers.
-
-use std::sync::Arc;
-use std::time::Instant;
-
-use tracing::info;
+//! What each change of the shared stores queues ("what wakes what" of the
+//! contract): the claim controller observes the process's pod, claim,
+//! template and PodGroup watches, told after each change is stored.
 
 use super::Controller;
 use super::enqueue::{Why, WorkKey, keys_for_pod_event, keys_for_replacement};
-use super::observe::observe;
 use super::podgroup;
 use crate::model::indexes::{GROUPS_BY_CLAIM, GROUPS_BY_TEMPLATE, PODS_BY_CLAIM, PODS_BY_TEMPLATE};
 use crate::model::views::{ClaimView, PodGroupView, PodView, TemplateView};
-use crate::runtime::informer::Handler;
+use crate::runtime::informer::Observer;
 use crate::runtime::store::object_key;
 
-impl Handler<PodView> for Controller {
-    fn admit(&self, pod: PodView) -> Option<PodView> {
-        // The cache still holds the previous list: the history of a pod
-        // carries over into the new one.
-        let cached = self
-            .ctx
-            .caches
-            .pods
-            .get(&object_key(pod.namespace(), pod.name()));
-        observe(cached.as_deref(), pod, Instant::now()).keep
-    }
-
-    fn relisted(&self, pods: Vec<PodView>) {
+impl Observer<PodView> for Controller {
+    fn relisted(&self) {
         let caches = &self.ctx.caches;
-        let pods: Vec<Arc<PodView>> = pods.into_iter().map(Arc::new).collect();
-        let entries: Vec<(String, Arc<PodView>)> = pods
-            .iter()
-            .map(|p| (object_key(p.namespace(), p.name()), p.clone()))
-            .collect();
-        // Absent from the list, or recreated under the same name: deleted
-        // while the watch was down.
-        for gone in caches.pods.replace_by_uid(entries) {
-            self.pod_deleted(&gone);
-        }
-        for pod in &pods {
-            self.enqueue(keys_for_pod_event(pod, false, caches, self.ctx.gates));
-        }
-        for observer in self.observers.pods() {
-            observer.relisted();
-        }
-        info!(
-            pods = caches.pods.len(),
-            "pod cache loaded (pods with claims only)"
-        );
-    }
-
-    fn applied(&self, pod: PodView) {
-        let caches = &self.ctx.caches;
-        let key = object_key(pod.namespace(), pod.name());
-        let cached = caches.pods.get(&key);
-        let seen = observe(cached.as_deref(), pod, Instant::now());
-        if seen.replaced
-            && let Some(old) = &cached
-        {
-            self.pod_deleted(old);
-        }
-        match seen.keep {
-            Some(pod) => {
-                let pod = Arc::new(pod);
-                let old = caches.pods.apply(key, pod.clone());
-                if cached.is_none() || seen.replaced {
-                    // Only now that the new pod is cached can the sync of
-                    // the old pod's claims tell they are replaced.
-                    self.enqueue(keys_for_replacement(&pod, caches));
-                }
-                self.enqueue(keys_for_pod_event(&pod, false, caches, self.ctx.gates));
-                for observer in self.observers.pods() {
-                    observer.applied(old.as_deref(), &pod);
-                }
-            }
-            // Replaced under the same name by a pod without claims.
-            None if seen.replaced => {
-                caches.pods.delete(&key);
-            }
-            None => {}
+        for pod in caches.pods.list() {
+            self.enqueue(keys_for_pod_event(&pod, false, caches, self.ctx.gates));
         }
     }
 
-    fn deleted(&self, pod: PodView) {
+    fn applied(&self, old: Option<&PodView>, pod: &PodView) {
         let caches = &self.ctx.caches;
-        let key = object_key(pod.namespace(), pod.name());
-        // The cached version may name claims the deleted one no longer
-        // lists (see `observe`).
-        let pod = caches
-            .pods
-            .delete_if_uid(&key, pod.uid())
-            .unwrap_or_else(|| Arc::new(pod));
-        if pod.is_relevant() {
-            self.pod_deleted(&pod);
+        if old.is_none_or(|old| old.uid() != pod.uid()) {
+            // Only now that the new pod is stored can the sync of the old
+            // pod's claims tell they are replaced.
+            self.enqueue(keys_for_replacement(pod, caches));
         }
+        self.enqueue(keys_for_pod_event(pod, false, caches, self.ctx.gates));
+    }
+
+    fn deleted(&self, pod: &PodView) {
+        let caches = &self.ctx.caches;
+        caches.note_pod_deleted(pod.namespace(), pod.name(), pod.uid());
+        self.enqueue(keys_for_pod_event(pod, true, caches, self.ctx.gates));
     }
 }
 
-impl Handler<ClaimView> for Controller {
-    fn relisted(&self, claims: Vec<ClaimView>) {
-        let caches = &self.ctx.caches;
-        let claims: Vec<Arc<ClaimView>> = claims.into_iter().map(Arc::new).collect();
-        let entries = claims
-            .iter()
-            .map(|c| (object_key(c.namespace(), c.name()), c.clone()))
-            .collect();
-        for gone in caches.claims.replace(entries) {
-            caches.forget_created(&object_key(gone.namespace(), gone.name()));
-            self.claim_changed(&gone, true);
-        }
+impl Observer<ClaimView> for Controller {
+    fn relisted(&self) {
         // Startup (and every relist): check every claim once, for
         // reservations that went stale while nobody watched.
-        for claim in &claims {
+        let caches = &self.ctx.caches;
+        for claim in caches.claims.list() {
             caches.forget_created(&object_key(claim.namespace(), claim.name()));
-            self.claim_changed(claim, false);
-        }
-        for observer in self.observers.claims() {
-            observer.relisted();
-        }
-        info!(claims = caches.claims.len(), "claim cache loaded");
-    }
-
-    fn applied(&self, claim: ClaimView) {
-        let caches = &self.ctx.caches;
-        let key = object_key(claim.namespace(), claim.name());
-        let claim = Arc::new(claim);
-        let old = caches.claims.apply(key.clone(), claim.clone());
-        caches.forget_created(&key);
-        self.claim_changed(&claim, false);
-        for observer in self.observers.claims() {
-            observer.applied(old.as_deref(), &claim);
+            self.claim_changed(&claim, false);
         }
     }
 
-    fn deleted(&self, claim: ClaimView) {
+    fn applied(&self, _old: Option<&ClaimView>, claim: &ClaimView) {
         let caches = &self.ctx.caches;
-        let key = object_key(claim.namespace(), claim.name());
-        caches.claims.delete(&key);
-        caches.forget_created(&key);
-        self.claim_changed(&claim, true);
-        for observer in self.observers.claims() {
-            observer.deleted(&claim);
-        }
+        caches.forget_created(&object_key(claim.namespace(), claim.name()));
+        self.claim_changed(claim, false);
+    }
+
+    fn deleted(&self, claim: &ClaimView) {
+        let caches = &self.ctx.caches;
+        caches.forget_created(&object_key(claim.namespace(), claim.name()));
+        self.claim_changed(claim, true);
     }
 }
 
-impl Handler<TemplateView> for Controller {
-    fn relisted(&self, templates: Vec<TemplateView>) {
-        let templates: Vec<(String, Arc<TemplateView>)> = templates
-            .into_iter()
-            .map(|t| (object_key(t.namespace(), t.name()), Arc::new(t)))
-            .collect();
-        let keys: Vec<String> = templates.iter().map(|(k, _)| k.clone()).collect();
-        self.ctx.caches.templates.replace(templates);
-        for key in keys {
-            self.template_changed(&key);
+impl Observer<TemplateView> for Controller {
+    fn relisted(&self) {
+        for template in self.ctx.caches.templates.list() {
+            self.template_changed(&object_key(template.namespace(), template.name()));
         }
     }
 
-    fn applied(&self, template: TemplateView) {
-        let key = object_key(template.namespace(), template.name());
-        self.ctx
-            .caches
-            .templates
-            .apply(key.clone(), Arc::new(template));
-        self.template_changed(&key);
+    fn applied(&self, _old: Option<&TemplateView>, template: &TemplateView) {
+        self.template_changed(&object_key(template.namespace(), template.name()));
     }
 
-    fn deleted(&self, template: TemplateView) {
-        self.ctx
-            .caches
-            .templates
-            .delete(&object_key(template.namespace(), template.name()));
-    }
+    fn deleted(&self, _template: &TemplateView) {}
 }
 
-impl Handler<PodGroupView> for Controller {
-    fn relisted(&self, groups: Vec<PodGroupView>) {
-        let caches = &self.ctx.caches;
-        let groups: Vec<Arc<PodGroupView>> = groups.into_iter().map(Arc::new).collect();
-        let entries = groups
-            .iter()
-            .map(|g| (object_key(g.namespace(), g.name()), g.clone()))
-            .collect();
-        // Absent from the list, or recreated under the same name: deleted
-        // while the watch was down.
-        for gone in caches.pod_groups.replace_by_uid(entries) {
-            self.pod_group_deleted(&gone);
+impl Observer<PodGroupView> for Controller {
+    fn relisted(&self) {
+        for group in self.ctx.caches.pod_groups.list() {
+            self.pod_group_changed(&group);
         }
-        for group in &groups {
-            self.pod_group_changed(group);
-        }
-        info!(podgroups = caches.pod_groups.len(), "PodGroup cache loaded");
     }
 
-    fn applied(&self, group: PodGroupView) {
-        let caches = &self.ctx.caches;
-        let key = object_key(group.namespace(), group.name());
-        let group = Arc::new(group);
-        if let Some(old) = caches.pod_groups.apply(key, group.clone())
+    fn applied(&self, old: Option<&PodGroupView>, group: &PodGroupView) {
+        if let Some(old) = old
             && old.uid() != group.uid()
         {
-            self.pod_group_deleted(&old);
+            self.pod_group_deleted(old);
         }
-        self.pod_group_changed(&group);
+        self.pod_group_changed(group);
     }
 
-    fn deleted(&self, group: PodGroupView) {
-        let caches = &self.ctx.caches;
-        let key = object_key(group.namespace(), group.name());
-        let group = caches
-            .pod_groups
-            .delete_if_uid(&key, group.uid())
-            .unwrap_or_else(|| Arc::new(group));
-        self.pod_group_deleted(&group);
+    fn deleted(&self, group: &PodGroupView) {
+        self.pod_group_deleted(group);
     }
 }
 
@@ -265,15 +140,6 @@ impl Controller {
             keys.push((WorkKey::pod(pod.namespace(), pod.name()), Why::PodGroupGone));
         }
         self.enqueue(keys);
-    }
-
-    fn pod_deleted(&self, pod: &PodView) {
-        let caches = &self.ctx.caches;
-        caches.note_pod_deleted(pod.namespace(), pod.name(), pod.uid());
-        self.enqueue(keys_for_pod_event(pod, true, caches, self.ctx.gates));
-        for observer in self.observers.pods() {
-            observer.deleted(pod);
-        }
     }
 
     fn claim_changed(&self, claim: &ClaimView, deleted: bool) {

@@ -1,9 +1,7 @@
 //! The watches of the kinds several rooms read: ResourceSlices,
 //! DeviceClasses, Nodes and DeviceTaintRules, each listed and watched once
 //! for the whole process into one store, its changes told to every room
-//! observing it. A kind no room reads is not watched at all. (Pods, claims,
-//! templates and PodGroups are watched once too, by the claim controller,
-//! which keeps their stores; pods fan out from there.)
+//! observing it. A kind no room reads is not watched at all.
 
 use std::sync::{Arc, OnceLock};
 
@@ -20,7 +18,7 @@ use crate::runtime::shared::Mirror;
 /// Who observes each kind. A kind is watched when someone observes it, or
 /// when a room reads its store ([`DeviceWatches::read`]).
 #[derive(Default)]
-pub(crate) struct DeviceObservers {
+pub struct DeviceObservers {
     pub slices: Vec<Arc<dyn Observer<ResourceSlice>>>,
     pub classes: Vec<Arc<dyn Observer<DeviceClass>>>,
     pub nodes: Vec<Arc<dyn Observer<NodeView>>>,
@@ -29,7 +27,7 @@ pub(crate) struct DeviceObservers {
 
 /// Which kinds the rooms read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Kinds {
+pub struct Kinds {
     pub slices: bool,
     pub classes: bool,
     pub nodes: bool,
@@ -38,12 +36,23 @@ pub(crate) struct Kinds {
 }
 
 impl Kinds {
-    pub(crate) fn any(&self) -> bool {
+    /// What allocating devices reads, as kube-scheduler does: slices,
+    /// classes, nodes, and the rules' taints with `DRADeviceTaintRules`.
+    pub fn for_allocating(gates: &crate::model::features::FeatureGates) -> Kinds {
+        Kinds {
+            slices: true,
+            classes: true,
+            nodes: true,
+            rules: gates.device_taint_rules_on(),
+        }
+    }
+
+    pub fn any(&self) -> bool {
         self.slices || self.classes || self.nodes || self.rules
     }
 }
 
-pub(crate) struct DeviceWatches {
+pub struct DeviceWatches {
     slices: Informer,
     classes: Informer,
     nodes: Informer,
@@ -55,8 +64,14 @@ pub(crate) struct DeviceWatches {
     rules_version: Arc<OnceLock<RulesVersion>>,
 }
 
+impl Default for DeviceWatches {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl DeviceWatches {
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         DeviceWatches {
             slices: Informer::new("resourceslices"),
             classes: Informer::new("deviceclasses"),
@@ -68,17 +83,17 @@ impl DeviceWatches {
         }
     }
 
-    pub(crate) fn stores(&self) -> &DeviceStores {
+    pub fn stores(&self) -> &DeviceStores {
         &self.stores
     }
 
     /// The rules' API version, once discovery found it.
-    pub(crate) fn rules_version(&self) -> Arc<OnceLock<RulesVersion>> {
+    pub fn rules_version(&self) -> Arc<OnceLock<RulesVersion>> {
         self.rules_version.clone()
     }
 
     /// A room reads these kinds' stores.
-    pub(crate) fn read(&self, kinds: Kinds) {
+    pub fn read(&self, kinds: Kinds) {
         let mut k = self.kinds.lock().unwrap();
         k.slices |= kinds.slices;
         k.classes |= kinds.classes;
@@ -86,17 +101,12 @@ impl DeviceWatches {
         k.rules |= kinds.rules;
     }
 
-    pub(crate) fn kinds(&self) -> Kinds {
+    pub fn kinds(&self) -> Kinds {
         *self.kinds.lock().unwrap()
     }
 
     /// Runs the watches of the kinds read until the process ends.
-    pub(crate) async fn run(
-        &self,
-        client: kube::Client,
-        observers: DeviceObservers,
-        apis: ApiStatus,
-    ) {
+    pub async fn run(&self, client: kube::Client, observers: DeviceObservers, apis: ApiStatus) {
         let kinds = self.kinds();
         // managedFields are most of a slice's size (an entry per device
         // field, per writer), and no room reads them.
@@ -186,7 +196,7 @@ impl DeviceWatches {
     }
 
     /// Resolves once the first list of each kind read is in.
-    pub(crate) async fn wait_synced(&self) {
+    pub async fn wait_synced(&self) {
         let kinds = self.kinds();
         if kinds.slices {
             self.slices.wait_synced().await;

@@ -1,5 +1,6 @@
-//! What a pod event means for the pod cache: which version to keep, what
-//! the pod's history says, and whether an older pod of that name is gone.
+//! What a pod event means for the shared pod store: which version to keep,
+//! what the pod's history says, and whether an older pod of that name is
+//! gone.
 //!
 //! The rule this module exists for: a pod is gone only on a delete event
 //! (or its absence from a relist), or when a pod with another UID holds its
