@@ -13,6 +13,24 @@ use k8s_openapi::api::resource::v1::{DeviceTaint, DeviceToleration, ResourceSlic
 /// them (value `true`); kube-controller-manager ignores it and deletes.
 pub const EVICTION_API_ANNOTATION: &str = "dra-claim-controller.io/respect-disruption-budgets";
 
+/// The annotation with which a DeviceTaintRule sets the seconds each of its
+/// `NoExecute` evictions gives the pod to terminate (`kubectl drain
+/// --grace-period`); without it, the pod's own grace period.
+pub const GRACE_PERIOD_ANNOTATION: &str = "dra-claim-controller.io/eviction-grace-period-seconds";
+
+/// The grace period a rule's annotation asks for, if it asks for a valid one
+/// (a whole number of seconds, not negative).
+pub fn grace_period_of(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+) -> Option<i64> {
+    annotations?
+        .get(GRACE_PERIOD_ANNOTATION)?
+        .trim()
+        .parse::<i64>()
+        .ok()
+        .filter(|s| *s >= 0)
+}
+
 /// A DeviceTaintRule as the index reads it, whatever API version served it
 /// (`resource.k8s.io/v1beta2` on 1.36, `v1` on 1.37): each selector field
 /// left out matches every device.

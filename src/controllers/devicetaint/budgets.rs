@@ -8,6 +8,9 @@
 //! kube-controller-manager knows no such annotation: it deletes, as ours
 //! does for every other taint (a device that failed must be left now).
 //!
+//! Such a rule may also set the seconds each pod gets to terminate
+//! ([`GRACE_PERIOD_ANNOTATION`], `kubectl dra drain --grace-period`).
+//!
 //! Pure functions; `evict.rs` acts on them.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,7 +20,7 @@ use k8s_openapi::api::resource::v1::DeviceTaintRule;
 
 use crate::model::device_taints::TaintSource;
 
-pub(crate) use crate::model::device_taints::EVICTION_API_ANNOTATION;
+pub(crate) use crate::model::device_taints::{EVICTION_API_ANNOTATION, GRACE_PERIOD_ANNOTATION};
 
 /// The reason of the Warning event on a pod a budget holds.
 pub(crate) const BLOCKED_EVENT_REASON: &str = "EvictionBlockedByDisruptionBudget";
@@ -52,6 +55,23 @@ pub(crate) fn through_eviction_api<'a>(
         }
     }
     any
+}
+
+/// The seconds an eviction for `reasons` gives the pod to terminate: the
+/// fewest any of its rules asks for (`asked`, by rule name); `None` (the
+/// pod's own) when none asks.
+pub(crate) fn grace_period<'a>(
+    reasons: impl IntoIterator<Item = &'a TaintSource>,
+    asked: impl Fn(&str) -> Option<i64>,
+) -> Option<u32> {
+    reasons
+        .into_iter()
+        .filter_map(|reason| match reason {
+            TaintSource::Rule { name, .. } => asked(name),
+            _ => None,
+        })
+        .min()
+        .map(|s| u32::try_from(s).unwrap_or(u32::MAX))
 }
 
 /// The budget that refused an eviction (the API server's 429 names it in
@@ -114,6 +134,26 @@ mod tests {
             device: "x".into(),
             index: 0,
         }
+    }
+
+    #[test]
+    fn the_shortest_grace_period_asked_for_applies() {
+        let asked = |name: &str| match name {
+            "quick" => Some(5),
+            "slow" => Some(120),
+            _ => None,
+        };
+        assert_eq!(
+            grace_period([&rule("slow"), &rule("quick")], asked),
+            Some(5)
+        );
+        assert_eq!(grace_period([&rule("slow"), &slice()], asked), Some(120));
+        assert_eq!(
+            grace_period([&rule("plain"), &slice()], asked),
+            None,
+            "the pod's own"
+        );
+        assert_eq!(grace_period([], asked), None);
     }
 
     #[test]

@@ -16,10 +16,12 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::budgets::{
-    BLOCKED_EVENT_REASON, refusing_budget, respects_budgets, retry_after, through_eviction_api,
+    BLOCKED_EVENT_REASON, grace_period, refusing_budget, respects_budgets, retry_after,
+    through_eviction_api,
 };
 use super::tracking::{Blocked, Pending};
 use super::{Controller, Item, RULE_BLOCKED, RULE_EVICTED, RULE_RECHECK};
+use crate::model::device_taints::grace_period_of;
 use crate::runtime::controller::Action;
 use crate::runtime::error::{SyncError, kube_err};
 
@@ -27,23 +29,53 @@ const CONDITION_TYPE: &str = "DisruptionTarget";
 const CONDITION_REASON: &str = "DeletionByDeviceTaintManager";
 const CONDITION_MESSAGE: &str = "Device Taint manager: deleting due to NoExecute taint";
 
+/// A delete of the pod with `uid` only (a new pod of the name stays),
+/// giving it `grace` seconds when a rule asks (its own otherwise).
+fn guarded_delete(uid: &str, grace: Option<u32>) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        grace_period_seconds: grace,
+        ..Default::default()
+    }
+}
+
 fn is_not_found_or_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
 }
 
-/// Whether the pod already carries the condition as we would write it.
-fn has_condition(pod: &Pod) -> bool {
-    pod.status
+/// The `DisruptionTarget` condition to write on `pod` at `now`, as
+/// kube-controller-manager's `UpdatePodCondition` makes it: `None` when the
+/// pod carries it already as we would write it; otherwise ours, keeping the
+/// existing condition's transition time when its status does not change
+/// (`True` with another reason or message).
+fn disruption_condition(pod: &Pod, now: Timestamp) -> Option<serde_json::Value> {
+    let existing = pod
+        .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| {
-            c.iter().any(|c| {
-                c.type_ == CONDITION_TYPE
-                    && c.status == "True"
-                    && c.reason.as_deref() == Some(CONDITION_REASON)
-                    && c.message.as_deref() == Some(CONDITION_MESSAGE)
-            })
-        })
+        .and_then(|c| c.iter().find(|c| c.type_ == CONDITION_TYPE));
+    let transition = match existing {
+        Some(c)
+            if c.status == "True"
+                && c.reason.as_deref() == Some(CONDITION_REASON)
+                && c.message.as_deref() == Some(CONDITION_MESSAGE) =>
+        {
+            return None;
+        }
+        Some(c) if c.status == "True" => c.last_transition_time.as_ref().map(|t| t.0),
+        _ => None,
+    };
+    let at = transition.unwrap_or(now.round(k8s_openapi::jiff::Unit::Second).unwrap_or(now));
+    Some(json!({
+        "type": CONDITION_TYPE,
+        "status": "True",
+        "reason": CONDITION_REASON,
+        "message": CONDITION_MESSAGE,
+        "lastTransitionTime": at,
+    }))
 }
 
 impl Controller {
@@ -102,31 +134,34 @@ impl Controller {
             self.forget_pod(key, &pending.uid);
             return Ok(Action::Done);
         }
-        let through_api = {
-            let stored = &self.stores.devices.rules;
-            through_eviction_api(&pending.eviction.reasons, |rule| {
-                stored.get(rule).is_some_and(|r| respects_budgets(&r))
-            })
-        };
+        let stored = &self.stores.devices.rules;
+        let through_api = through_eviction_api(&pending.eviction.reasons, |rule| {
+            stored.get(rule).is_some_and(|r| respects_budgets(&r))
+        });
+        let grace = grace_period(&pending.eviction.reasons, |rule| {
+            stored
+                .get(rule)
+                .and_then(|r| grace_period_of(r.metadata.annotations.as_ref()))
+        });
         let refused_before = self.tracking.lock().unwrap().blocked.contains_key(key);
         if !refused_before {
             self.tell_pod(namespace, name, &pending.uid, "Marking for deletion");
         }
         if through_api {
             return self
-                .evict_through_api(&api, (key, namespace, name), &pending, &rules, waited)
+                .evict_through_api(
+                    &api,
+                    (key, namespace, name),
+                    &pending,
+                    (&rules, grace),
+                    waited,
+                )
                 .await;
         }
-        if !has_condition(&pod) {
+        if let Some(condition) = disruption_condition(&pod, Timestamp::now()) {
             let patch = json!({
                 "metadata": {"uid": pending.uid},
-                "status": {"conditions": [{
-                    "type": CONDITION_TYPE,
-                    "status": "True",
-                    "reason": CONDITION_REASON,
-                    "message": CONDITION_MESSAGE,
-                    "lastTransitionTime": Timestamp::now().round(k8s_openapi::jiff::Unit::Second).unwrap_or(now),
-                }]},
+                "status": {"conditions": [condition]},
             });
             match api
                 .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
@@ -147,14 +182,7 @@ impl Controller {
                 }
             }
         }
-        let delete = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(pending.uid.clone()),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
-        match api.delete(name, &delete).await {
+        match api.delete(name, &guarded_delete(&pending.uid, grace)).await {
             Ok(_) => {}
             Err(e) if is_not_found_or_conflict(&e) => {
                 self.forget_pod(key, &pending.uid);
@@ -175,17 +203,11 @@ impl Controller {
         api: &Api<Pod>,
         (key, namespace, name): (&str, &str, &str),
         pending: &Pending,
-        rules: &[String],
+        (rules, grace): (&[String], Option<u32>),
         waited: f64,
     ) -> Result<Action, SyncError> {
         let params = EvictParams {
-            delete_options: Some(DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(pending.uid.clone()),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            }),
+            delete_options: Some(guarded_delete(&pending.uid, grace)),
             ..Default::default()
         };
         let refusal = match api.evict(name, &params).await {
@@ -307,3 +329,6 @@ impl Controller {
         );
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -72,6 +72,7 @@ const RULE_HOLD_CHANGED: &str = "rule held or released by the guard";
 const RULE_EVICTION_SCHEDULED: &str = "an eviction of the rule was scheduled";
 const RULE_EVICTED: &str = "the rule evicted a pod";
 const RULE_BLOCKED: &str = "a PodDisruptionBudget holds a pod of the rule";
+const RULE_EVICTION_CHANGED: &str = "its rule changed how to evict (mode or grace period)";
 
 /// One work item: a pod to evict (`namespace/name`), or a rule whose
 /// status to write (its name).

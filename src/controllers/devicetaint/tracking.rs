@@ -13,8 +13,8 @@ use tracing::{info, warn};
 use super::decide::{Eviction, pod_eviction};
 use super::rule_status::{CONFIRM_ANNOTATION, is_held};
 use super::{
-    Controller, EVENT_REASON, EVICTION_DUE, Item, RULE_EVICTION_SCHEDULED, RULE_HOLD_CHANGED,
-    RULE_RECHECK,
+    Controller, EVENT_REASON, EVICTION_DUE, Item, RULE_EVICTION_CHANGED, RULE_EVICTION_SCHEDULED,
+    RULE_HOLD_CHANGED, RULE_RECHECK,
 };
 use crate::model::consumers::{is_pod_consumer, is_pod_group_consumer};
 use crate::model::device_taints::{DeviceTaints, TaintRule, TaintSource};
@@ -362,6 +362,31 @@ impl Controller {
                     );
                 }
             }
+        }
+    }
+
+    /// Queues now the pods a budget holds for `rule` (leader only).
+    pub(crate) fn retry_held_by(&self, rule: &DeviceTaintRule) {
+        if !self.queue.is_leading() {
+            return;
+        }
+        let uid = rule.metadata.uid.as_deref().unwrap_or_default();
+        let held: Vec<String> = {
+            let tracking = self.tracking.lock().unwrap();
+            tracking
+                .blocked
+                .iter()
+                .filter(|(key, blocked)| {
+                    tracking
+                        .pending
+                        .get(*key)
+                        .is_some_and(|p| p.uid == blocked.uid && p.has_rule_uid(uid))
+                })
+                .map(|(key, _)| key.clone())
+                .collect()
+        };
+        for key in held {
+            self.queue.add(Item::Pod(key), RULE_EVICTION_CHANGED);
         }
     }
 

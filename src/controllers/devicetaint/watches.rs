@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::resource::v1::{DeviceTaintRule, ResourceSlice};
 use tracing::info;
 
+use super::budgets::{EVICTION_API_ANNOTATION, GRACE_PERIOD_ANNOTATION};
 use super::rule_status::CONFIRM_ANNOTATION;
 use super::{Controller, Item, RULE_CHANGED};
 use crate::model::views::{ClaimView, PodView};
@@ -102,6 +103,16 @@ fn rule_input(rule: &DeviceTaintRule) -> (serde_json::Value, Option<&String>) {
     )
 }
 
+/// How a rule asks its pods to be evicted: through the Eviction API or not,
+/// with which grace period.
+fn eviction_asked(rule: &DeviceTaintRule) -> (Option<&String>, Option<&String>) {
+    let annotations = rule.metadata.annotations.as_ref();
+    (
+        annotations.and_then(|a| a.get(EVICTION_API_ANNOTATION)),
+        annotations.and_then(|a| a.get(GRACE_PERIOD_ANNOTATION)),
+    )
+}
+
 impl Observer<DeviceTaintRule> for Controller {
     fn relisted(&self) {
         info!(
@@ -133,6 +144,15 @@ impl Observer<DeviceTaintRule> for Controller {
     }
     fn applied(&self, old: Option<&DeviceTaintRule>, rule: &DeviceTaintRule) {
         self.saw_rule(rule);
+        if let Some(old) = old
+            && old.metadata.uid == rule.metadata.uid
+            && eviction_asked(old) != eviction_asked(rule)
+        {
+            // Evict or delete, and the grace period: the pods budgets hold
+            // are tried again now the way asked (`drain --disable-eviction`
+            // deletes at once), not at the end of their pause.
+            self.retry_held_by(rule);
+        }
         let changed = old.is_none_or(|old| {
             rule_input(old) != rule_input(rule) || old.metadata.uid != rule.metadata.uid
         });
