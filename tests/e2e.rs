@@ -39,6 +39,8 @@ mod device_taint_cases;
 mod device_taints;
 #[path = "e2e/device_taints_differential.rs"]
 mod device_taints_differential;
+#[path = "e2e/drain_budgets.rs"]
+mod drain_budgets;
 #[path = "e2e/drain_check.rs"]
 mod drain_check;
 #[path = "e2e/faults_api.rs"]

@@ -23,6 +23,59 @@ use crate::k8s::*;
 const TIMEOUT: Duration = Duration::from_secs(30);
 const BUDGET: &str = "web-pdb";
 
+/// A PodDisruptionBudget `name` over the pods labelled `app=<app>`, with
+/// `minAvailable: min_available`.
+pub async fn create_budget(
+    budgets: &Api<PodDisruptionBudget>,
+    name: &str,
+    app: &str,
+    min_available: i32,
+) {
+    budgets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
+/// Sets the budget's `minAvailable`.
+pub async fn set_min_available(budgets: &Api<PodDisruptionBudget>, name: &str, min_available: i32) {
+    budgets
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"minAvailable": min_available}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// Waits until kube-controller-manager's disruption controller says the
+/// budget (as it is now) allows `n` disruptions.
+pub async fn until_budget_allows(budgets: &Api<PodDisruptionBudget>, name: &str, n: i32) {
+    wait_for(
+        &format!("budget {name} to allow {n}"),
+        Duration::from_secs(60),
+        async || {
+            let budget = budgets.get(name).await?;
+            let status = budget.status.unwrap_or_default();
+            ensure!(
+                status.observed_generation == budget.metadata.generation
+                    && status.disruptions_allowed == Some(n),
+                "{status:?}"
+            );
+            Ok(())
+        },
+    )
+    .await;
+}
+
 /// Being deleted, or gone: the eviction went through.
 fn evicted(pod: Option<&Pod>) -> anyhow::Result<()> {
     if let Some(pod) = pod {
@@ -62,17 +115,7 @@ async fn a_budget_that_allows_nothing_holds_the_eviction_and_says_which() {
     // No disruption controller runs here: the API server refuses every
     // eviction the budget covers ("still being processed").
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(t.client.clone(), &t.ns);
-    budgets
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": BUDGET},
-                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}},
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
+    create_budget(&budgets, BUDGET, "web", 1).await;
     let rules: Api<DynamicObject> = Api::all_with(t.client.clone(), &rule_resource());
     let rule: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1beta2",

@@ -85,13 +85,15 @@ fn command(bin: &str, kubeconfig: &Path, args: &[&str]) -> tokio::process::Comma
 }
 
 pub async fn run(bin: &str, kubeconfig: &Path, args: &[&str]) -> Run {
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        command(bin, kubeconfig, args).output(),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("{bin} {args:?} did not finish within 60s"))
-    .unwrap_or_else(|e| panic!("{bin} {args:?}: {e}"));
+    run_within(bin, kubeconfig, args, Duration::from_secs(60)).await
+}
+
+/// [`run`], for a command that may take up to `within`.
+pub async fn run_within(bin: &str, kubeconfig: &Path, args: &[&str], within: Duration) -> Run {
+    let out = tokio::time::timeout(within, command(bin, kubeconfig, args).output())
+        .await
+        .unwrap_or_else(|_| panic!("{bin} {args:?} did not finish within {within:?}"))
+        .unwrap_or_else(|e| panic!("{bin} {args:?}: {e}"));
     let run = Run {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

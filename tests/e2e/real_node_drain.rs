@@ -1,14 +1,21 @@
-//! `drain` on a real node: a pod using the test driver's device runs; the
-//! node's devices are drained with DeviceTaintRules (preview, then
-//! `NoExecute`, evicting through the Eviction API, `drain`'s default); the
-//! eviction controller evicts the running pod, the kubelet stops
-//! it, the driver unprepares the claim, the claim goes, and the command
-//! ends with drain-check's Clean. `uncordon` gives the devices back: a new
-//! pod runs on them.
+//! `drain` on a real node: a pod using the test driver's device runs under
+//! a PodDisruptionBudget (kube-controller-manager's disruption controller
+//! keeps its status); the node's devices are drained with DeviceTaintRules
+//! (a dry run, then cordoned and `NoExecute`, evicting through the
+//! Eviction API, `drain`'s default). While the budget allows nothing the
+//! drain is held and says so; once it allows one, the eviction controller
+//! evicts the running pod, the kubelet stops it, the driver unprepares the
+//! claim, the claim goes, and the command ends with drain-check's Clean.
+//! `uncordon` gives the devices back: a new pod runs on them.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
 
 use crate::ctx::TestCtx;
+use crate::device_taint_budgets::{create_budget, set_min_available, until_budget_allows};
 use crate::device_taints::{rules_apiserver, rules_controller};
 use crate::real_node::{DRIVER, RealNode};
 use crate::real_node_tests::{
@@ -25,6 +32,9 @@ async fn drain_and_uncordon_a_real_node() {
     let Some(scheduler_bin) = crate::scheduler::binary_or_skip(NAME) else {
         return;
     };
+    let Some(kcm) = crate::reference::binary_or_skip(NAME) else {
+        return;
+    };
     let Some(mut t) = TestCtx::isolated_with(NAME, rules_controller(), 1, &rules_apiserver()).await
     else {
         return;
@@ -35,6 +45,10 @@ async fn drain_and_uncordon_a_real_node() {
     let _scheduler = Scheduler::start(&scheduler_bin, cluster)
         .await
         .expect("kube-scheduler");
+    let _disruption =
+        crate::reference::Reference::start_controllers(&kcm, cluster, &["disruption-controller"])
+            .await
+            .expect("kube-controller-manager's disruption controller");
     create_template(&t).await;
 
     run_pod(&t, "holder", "sleep 600", None).await;
@@ -44,7 +58,7 @@ async fn drain_and_uncordon_a_real_node() {
     let preview = crate::drain_check::run(
         "dra-claim-controller",
         &admin,
-        &["drain", NODE, "--driver", DRIVER, "--preview"],
+        &["drain", NODE, "--driver", DRIVER, "--dry-run"],
     )
     .await;
     assert_eq!(preview.code, 0, "{preview:?}");
@@ -60,9 +74,44 @@ async fn drain_and_uncordon_a_real_node() {
         "evicted by a preview"
     );
 
+    // A budget that allows nothing holds the drain, which says so.
+    t.pods()
+        .patch(
+            "holder",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"app": "holder"}}})),
+        )
+        .await
+        .unwrap();
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(t.client.clone(), &t.ns);
+    create_budget(&budgets, "holder", "holder", 1).await;
+    until_budget_allows(&budgets, "holder", 0).await;
+    let held = crate::drain_check::run(
+        "dra-claim-controller",
+        &admin,
+        &["drain", NODE, "--driver", DRIVER, "--timeout", "15s"],
+    )
+    .await;
+    assert_ne!(held.code, 0, "{held:?}");
+    assert!(
+        held.stderr
+            .contains(&format!("waiting for PodDisruptionBudget {}/holder", t.ns)),
+        "the drain names the budget: {held:?}"
+    );
+    let running = t.pods().get("holder").await.unwrap();
+    assert!(
+        running.metadata.deletion_timestamp.is_none(),
+        "evicted while the budget allowed nothing"
+    );
+    // The budget allows one: the drain goes through.
+    set_min_available(&budgets, "holder", 0).await;
+    until_budget_allows(&budgets, "holder", 1).await;
+
     // The drain: evicted, stopped, unprepared, released; Clean.
     let started = Instant::now();
-    let drained = crate::drain_check::run(
+    // The controller asks again on its own pace (up to a minute apart
+    // after refusals, as the budget is not watched).
+    let drained = crate::drain_check::run_within(
         "dra-claim-controller",
         &admin,
         &[
@@ -71,10 +120,11 @@ async fn drain_and_uncordon_a_real_node() {
             "--driver",
             DRIVER,
             "--timeout",
-            "50s",
+            "100s",
             "-o",
             "json",
         ],
+        Duration::from_secs(120),
     )
     .await;
     let took = started.elapsed();

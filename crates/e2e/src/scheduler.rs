@@ -31,10 +31,19 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub async fn start(binary: &Path, cluster: &Cluster) -> anyhow::Result<Self> {
+        Self::start_with(binary, cluster, &[]).await
+    }
+
+    /// [`Scheduler::start`] with `extra` flags (e.g. `--feature-gates`).
+    pub async fn start_with(
+        binary: &Path,
+        cluster: &Cluster,
+        extra: &[String],
+    ) -> anyhow::Result<Self> {
         let mut last_err = anyhow::anyhow!("kube-scheduler never started");
         for attempt in 0..3 {
             let port = free_port();
-            let args = vec![
+            let mut args = vec![
                 format!("--kubeconfig={}", cluster.admin_kubeconfig.display()),
                 "--leader-elect=false".into(),
                 "--bind-address=127.0.0.1".into(),
@@ -51,6 +60,7 @@ impl Scheduler {
                 "--kube-api-burst=1000".into(),
                 "--v=2".into(),
             ];
+            args.extend(extra.iter().cloned());
             let log = cluster.dir.join(format!("kube-scheduler-{attempt}.log"));
             let proc = Proc::spawn("kube-scheduler", binary, &args, &log)?;
             match wait_healthy(&proc, port).await {

@@ -1,11 +1,14 @@
 //! `drain NODE [--driver]` and `uncordon NODE`: the admin guide's driver
-//! maintenance done with the cluster's own mechanism. The node's devices
-//! (of one driver, or all) get DeviceTaintRules: first with the `None`
-//! effect, whose status previews what would be evicted, then `NoExecute`
-//! (confirmed for the eviction guard: the admin asked for it), so that the
-//! device-taint eviction controller evicts the pods using them; the command
-//! then waits until `drain-check` finds the node clean. `uncordon` deletes
-//! the rules. Every step is idempotent: run again, it resumes.
+//! maintenance done with the cluster's own mechanism, as `kubectl drain`
+//! does it for a node. The node's devices (of one driver, or all) get
+//! DeviceTaintRules: first `NoSchedule` (cordoned: nothing new lands on
+//! them), then `NoExecute` (confirmed for the eviction guard: the admin
+//! asked for it), so that the device-taint eviction controller evicts the
+//! pods using them; the command then waits until `drain-check` finds the
+//! node clean. `--dry-run` makes `None` rules instead, whose status
+//! previews what would be evicted, and removes them again. `uncordon`
+//! deletes the rules. Every step is idempotent: run again, it resumes, on
+//! the node's devices as they are now (rules no longer needed go).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -14,7 +17,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use dra_model::device_taints::{EVICTION_API_ANNOTATION, RulesVersion};
+use dra_model::device_taints::{EVICTION_API_ANNOTATION, GRACE_PERIOD_ANNOTATION, RulesVersion};
 
 /// The label every rule of a drain carries: the node (or, when the name
 /// does not fit a label value, a hash of it).
@@ -25,6 +28,24 @@ pub(crate) const NODE_ANNOTATION: &str = "dra-claim-controller.io/drain-node";
 pub(crate) const CONFIRM_ANNOTATION: &str = "dra-claim-controller.io/confirm-eviction";
 /// The taint's key; its value names the command.
 pub(crate) const TAINT_KEY: &str = "dra-claim-controller.io/drain";
+
+/// The effect a rule is created with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Created {
+    /// A preview (`--dry-run`): evicts nobody, its status says who would go.
+    Preview,
+    /// Cordoned: no new pod gets the devices; nobody is evicted yet.
+    Cordoned,
+}
+
+impl Created {
+    fn effect(self) -> &'static str {
+        match self {
+            Created::Preview => "None",
+            Created::Cordoned => "NoSchedule",
+        }
+    }
+}
 
 /// One rule to create: what it selects.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -69,8 +90,10 @@ fn rule_name(node: &str, key: &str) -> String {
 /// The rules that select exactly the node's devices (of `driver`, when
 /// given): one per pool that lives on this node only (every slice of it,
 /// of any generation, on this node, and its newest generation complete),
-/// one per device otherwise: a rule must never reach another node's
-/// devices, confirmed as it is. `slices` is every slice of the cluster.
+/// one per device otherwise (a pool spanning nodes, or a device placed on
+/// this node by `perDeviceNodeSelection`): a rule must never reach another
+/// node's devices, confirmed as it is. `slices` is every slice of the
+/// cluster.
 pub(crate) fn plan_rules(
     node: &str,
     driver: Option<&str>,
@@ -95,9 +118,18 @@ pub(crate) fn plan_rules(
             .or_default();
         pool.slices += 1;
         pool.announced = s.pool.resource_slice_count;
+        let devices = s.devices.iter().flatten();
         if s.node_name.as_deref() == Some(node) {
-            pool.devices
-                .extend(s.devices.iter().flatten().map(|d| d.name.clone()));
+            pool.devices.extend(devices.map(|d| d.name.clone()));
+        } else if s.per_device_node_selection == Some(true) {
+            // Each device says where it is: those local to this node. One
+            // reachable through a node selector or from all nodes serves
+            // other nodes too, and stays.
+            pool.devices.extend(
+                devices
+                    .filter(|d| d.node_name.as_deref() == Some(node))
+                    .map(|d| d.name.clone()),
+            );
         }
     }
     let mut rules = Vec::new();
@@ -128,8 +160,13 @@ pub(crate) fn plan_rules(
     rules
 }
 
-/// The rule as created (effect `None`: a preview).
-pub(crate) fn rule_manifest(version: RulesVersion, node: &str, rule: &PlannedRule) -> Value {
+/// The rule as created, with the effect of `created`.
+pub(crate) fn rule_manifest(
+    version: RulesVersion,
+    node: &str,
+    rule: &PlannedRule,
+    created: Created,
+) -> Value {
     let mut selector = json!({"driver": rule.driver, "pool": rule.pool});
     if let Some(device) = &rule.device {
         selector["device"] = json!(device);
@@ -144,7 +181,7 @@ pub(crate) fn rule_manifest(version: RulesVersion, node: &str, rule: &PlannedRul
         },
         "spec": {
             "deviceSelector": selector,
-            "taint": {"key": TAINT_KEY, "value": "kubectl-dra-drain", "effect": "None"},
+            "taint": {"key": TAINT_KEY, "value": "kubectl-dra-drain", "effect": created.effect()},
         },
     })
 }
@@ -187,16 +224,27 @@ fn effect(rule: &DynamicObject) -> &str {
         .unwrap_or_default()
 }
 
-/// Creates the rules that do not exist yet (as previews); returns every
-/// planned rule as the server has it.
+/// The node's rules as the server has them, and the names of those this
+/// run created.
+pub(crate) struct Ensured {
+    pub rules: Vec<DynamicObject>,
+    pub created: Vec<String>,
+}
+
+/// Creates the planned rules that do not exist yet, as `created` says;
+/// returns every planned rule as the server has it.
 pub(crate) async fn ensure_rules(
     client: &kube::Client,
     version: RulesVersion,
     node: &str,
     planned: &[PlannedRule],
-) -> Result<Vec<DynamicObject>, String> {
+    created: Created,
+) -> Result<Ensured, String> {
     let api = rules_api(client, version);
-    let mut rules = Vec::new();
+    let mut ensured = Ensured {
+        rules: Vec::new(),
+        created: Vec::new(),
+    };
     for rule in planned {
         let existing = api
             .get_opt(&rule.name)
@@ -206,10 +254,13 @@ pub(crate) async fn ensure_rules(
             Some(r) => r,
             None => {
                 let manifest: DynamicObject =
-                    serde_json::from_value(rule_manifest(version, node, rule))
+                    serde_json::from_value(rule_manifest(version, node, rule, created))
                         .map_err(|e| e.to_string())?;
                 match api.create(&PostParams::default(), &manifest).await {
-                    Ok(r) => r,
+                    Ok(r) => {
+                        ensured.created.push(rule.name.clone());
+                        r
+                    }
                     // Created meanwhile (a second run): take it.
                     Err(kube::Error::Api(s)) if s.code == 409 => api
                         .get(&rule.name)
@@ -219,9 +270,143 @@ pub(crate) async fn ensure_rules(
                 }
             }
         };
-        rules.push(rule);
+        ensured.rules.push(rule);
     }
-    Ok(rules)
+    Ok(ensured)
+}
+
+/// The change that cordons a rule: a preview (`None`) becomes `NoSchedule`;
+/// `None` when it cordons or evicts already.
+pub(crate) fn cordon_patch(rule: &DynamicObject) -> Option<Value> {
+    (effect(rule) == "None").then(|| json!({"spec": {"taint": {"effect": "NoSchedule"}}}))
+}
+
+/// Cordons every rule still a preview (left by an earlier `--dry-run` or
+/// an older drain).
+pub(crate) async fn cordon(
+    client: &kube::Client,
+    version: RulesVersion,
+    rules: &[DynamicObject],
+) -> Result<(), String> {
+    let api = rules_api(client, version);
+    for rule in rules {
+        let Some(patch) = cordon_patch(rule) else {
+            continue;
+        };
+        let name = rule.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(|e| format!("setting DeviceTaintRule {name} to NoSchedule: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Whether `rule` is one of `drain`'s for `node` (and `driver`'s devices,
+/// when given).
+fn of_drain(rule: &DynamicObject, node: &str, driver: Option<&str>) -> bool {
+    let of_node = rule
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(NODE_ANNOTATION))
+        .is_some_and(|n| n == node);
+    of_node && driver.is_none_or(|d| rule.data["spec"]["deviceSelector"]["driver"] == d)
+}
+
+/// The node's drain rules (of `driver`, when given) the plan no longer has:
+/// the pool changed shape, or the device left, since the drain began.
+pub(crate) fn stale_rules(
+    existing: &[DynamicObject],
+    node: &str,
+    driver: Option<&str>,
+    planned: &[PlannedRule],
+) -> Vec<String> {
+    let wanted: BTreeSet<&str> = planned.iter().map(|r| r.name.as_str()).collect();
+    existing
+        .iter()
+        .filter(|r| of_drain(r, node, driver))
+        .filter_map(|r| r.metadata.name.clone())
+        .filter(|name| !wanted.contains(name.as_str()))
+        .collect()
+}
+
+async fn drain_rules_of(
+    api: &Api<DynamicObject>,
+    node: &str,
+) -> Result<Vec<DynamicObject>, String> {
+    let selector = format!("{NODE_LABEL}={}", node_label(node));
+    api.list(&ListParams::default().labels(&selector))
+        .await
+        .map(|l| l.items)
+        .map_err(|e| format!("listing the drain rules of node {node}: {e}"))
+}
+
+/// Deletes the rules named; returns those deleted (one already gone is
+/// not).
+pub(crate) async fn delete_rules(
+    client: &kube::Client,
+    version: RulesVersion,
+    names: &[String],
+) -> Result<Vec<String>, String> {
+    let api = rules_api(client, version);
+    let mut deleted = Vec::new();
+    for name in names {
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => deleted.push(name.clone()),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(format!("deleting DeviceTaintRule {name}: {e}")),
+        }
+    }
+    Ok(deleted)
+}
+
+/// Deletes the node's drain rules that the plan no longer has; returns
+/// their names.
+pub(crate) async fn prune_rules(
+    client: &kube::Client,
+    version: RulesVersion,
+    node: &str,
+    driver: Option<&str>,
+    planned: &[PlannedRule],
+) -> Result<Vec<String>, String> {
+    let existing = drain_rules_of(&rules_api(client, version), node).await?;
+    let stale = stale_rules(&existing, node, driver, planned);
+    delete_rules(client, version, &stale).await
+}
+
+/// What holds the drain, from the rules' status: one line per budget that
+/// holds pods of a rule ("rule: 1 pod waiting for PodDisruptionBudget
+/// ns/name.").
+pub(crate) fn budget_holds(rules: &[DynamicObject]) -> Vec<String> {
+    let mut holds = Vec::new();
+    for rule in rules {
+        let Some((_, message)) = condition_message(rule) else {
+            continue;
+        };
+        let name = rule.metadata.name.as_deref().unwrap_or_default();
+        holds.extend(
+            message
+                .split_inclusive(". ")
+                .map(str::trim)
+                .filter(|sentence| sentence.contains("waiting for PodDisruptionBudget"))
+                .map(|sentence| format!("{name}: {sentence}")),
+        );
+    }
+    holds
+}
+
+/// The node's rules (of `driver`, when given) as the server has them now.
+pub(crate) async fn rules_of(
+    client: &kube::Client,
+    version: RulesVersion,
+    node: &str,
+    driver: Option<&str>,
+) -> Result<Vec<DynamicObject>, String> {
+    let existing = drain_rules_of(&rules_api(client, version), node).await?;
+    Ok(existing
+        .into_iter()
+        .filter(|r| of_drain(r, node, driver))
+        .collect())
 }
 
 /// Waits (at most `within`) for the preview of each `None` rule and
@@ -256,9 +441,14 @@ pub(crate) async fn previews(
 
 /// The change that turns a rule to `NoExecute`, confirmed, evicting
 /// through the Eviction API (PodDisruptionBudgets hold its pods) unless
-/// `delete` says to delete them as kube-controller-manager does; `None`
-/// when the rule is so already (a resumed drain writes nothing).
-pub(crate) fn no_execute_patch(rule: &DynamicObject, delete: bool) -> Option<Value> {
+/// `delete` says to delete them as kube-controller-manager does, giving
+/// each pod `grace` seconds to terminate when set (its own otherwise);
+/// `None` when the rule is so already (a resumed drain writes nothing).
+pub(crate) fn no_execute_patch(
+    rule: &DynamicObject,
+    delete: bool,
+    grace: Option<i64>,
+) -> Option<Value> {
     let annotation = |key: &str| {
         rule.metadata
             .annotations
@@ -267,30 +457,39 @@ pub(crate) fn no_execute_patch(rule: &DynamicObject, delete: bool) -> Option<Val
             .map(String::as_str)
     };
     let respect = if delete { "false" } else { "true" };
+    let grace = grace.filter(|s| *s >= 0).map(|s| s.to_string());
     if effect(rule) == "NoExecute"
         && annotation(CONFIRM_ANNOTATION) == Some("true")
         && annotation(EVICTION_API_ANNOTATION) == Some(respect)
+        && annotation(GRACE_PERIOD_ANNOTATION) == grace.as_deref()
     {
         return None;
     }
     Some(json!({
-        "metadata": {"annotations": {CONFIRM_ANNOTATION: "true", EVICTION_API_ANNOTATION: respect}},
+        "metadata": {"annotations": {
+            CONFIRM_ANNOTATION: "true",
+            EVICTION_API_ANNOTATION: respect,
+            // null removes a grace period an earlier run set.
+            GRACE_PERIOD_ANNOTATION: grace,
+        }},
         "spec": {"taint": {"effect": "NoExecute"}},
     }))
 }
 
 /// Turns each rule to `NoExecute`, confirmed; its pods are evicted through
-/// the Eviction API, or deleted with `delete` (`--disable-eviction`).
+/// the Eviction API, or deleted with `delete` (`--disable-eviction`), each
+/// given `grace` seconds when set (`--grace-period`).
 pub(crate) async fn evict(
     client: &kube::Client,
     version: RulesVersion,
     rules: &[DynamicObject],
     delete: bool,
+    grace: Option<i64>,
 ) -> Result<(), String> {
     let api = rules_api(client, version);
     for rule in rules {
         let name = rule.metadata.name.clone().unwrap_or_default();
-        let Some(patch) = no_execute_patch(rule, delete) else {
+        let Some(patch) = no_execute_patch(rule, delete, grace) else {
             continue;
         };
         api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
@@ -308,32 +507,12 @@ pub(crate) async fn uncordon(
     node: &str,
     driver: Option<&str>,
 ) -> Result<Vec<String>, String> {
-    let api = rules_api(client, version);
-    let selector = format!("{NODE_LABEL}={}", node_label(node));
-    let rules = api
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(|e| format!("listing the drain rules of node {node}: {e}"))?;
-    let mut deleted = Vec::new();
-    for rule in rules.items {
-        let of_node = rule
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(NODE_ANNOTATION))
-            .is_some_and(|n| n == node);
-        let of_driver = driver.is_none_or(|d| rule.data["spec"]["deviceSelector"]["driver"] == d);
-        if !(of_node && of_driver) {
-            continue;
-        }
-        let name = rule.metadata.name.clone().unwrap_or_default();
-        match api.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => deleted.push(name),
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(format!("deleting DeviceTaintRule {name}: {e}")),
-        }
-    }
-    Ok(deleted)
+    let names: Vec<String> = rules_of(client, version, node, driver)
+        .await?
+        .into_iter()
+        .filter_map(|r| r.metadata.name)
+        .collect();
+    delete_rules(client, version, &names).await
 }
 
 /// Every slice of the cluster.
@@ -425,14 +604,14 @@ mod tests {
             .unwrap()
         };
         let preview = rule("None", json!({}));
-        let patch = no_execute_patch(&preview, false).unwrap();
+        let patch = no_execute_patch(&preview, false, None).unwrap();
         assert_eq!(patch["spec"]["taint"]["effect"], "NoExecute");
         assert_eq!(
             patch["metadata"]["annotations"][EVICTION_API_ANNOTATION],
             "true"
         );
         assert_eq!(patch["metadata"]["annotations"][CONFIRM_ANNOTATION], "true");
-        let deleting = no_execute_patch(&preview, true).unwrap();
+        let deleting = no_execute_patch(&preview, true, None).unwrap();
         assert_eq!(
             deleting["metadata"]["annotations"][EVICTION_API_ANNOTATION],
             "false"
@@ -443,16 +622,160 @@ mod tests {
             json!({CONFIRM_ANNOTATION: "true", EVICTION_API_ANNOTATION: "true"}),
         );
         assert_eq!(
-            no_execute_patch(&draining, false),
+            no_execute_patch(&draining, false, None),
             None,
             "resumed: nothing to write"
         );
         assert!(
-            no_execute_patch(&draining, true).is_some(),
+            no_execute_patch(&draining, true, None).is_some(),
             "switched to deleting"
         );
         // A drain begun before budgets were respected is switched over.
         let older = rule("NoExecute", json!({CONFIRM_ANNOTATION: "true"}));
-        assert!(no_execute_patch(&older, false).is_some());
+        assert!(no_execute_patch(&older, false, None).is_some());
+    }
+
+    fn drain_rule(
+        name: &str,
+        node: &str,
+        driver: &str,
+        effect: &str,
+        status: Value,
+    ) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": {"name": name, "annotations": {NODE_ANNOTATION: node}},
+            "spec": {"deviceSelector": {"driver": driver}, "taint": {"key": TAINT_KEY, "effect": effect}},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    /// `--grace-period` is carried by the rule; a run without it takes an
+    /// earlier run's away; the same value again writes nothing.
+    #[test]
+    fn the_grace_period_rides_on_the_rule() {
+        let preview = drain_rule("r", "n", "d", "None", json!({}));
+        let patch = no_execute_patch(&preview, false, Some(30)).unwrap();
+        assert_eq!(
+            patch["metadata"]["annotations"][GRACE_PERIOD_ANNOTATION],
+            "30"
+        );
+        let without = no_execute_patch(&preview, false, None).unwrap();
+        assert!(without["metadata"]["annotations"][GRACE_PERIOD_ANNOTATION].is_null());
+        // Negative: the pod's own, as kubectl's -1.
+        let negative = no_execute_patch(&preview, false, Some(-1)).unwrap();
+        assert!(negative["metadata"]["annotations"][GRACE_PERIOD_ANNOTATION].is_null());
+        let mut draining = preview.clone();
+        draining.data["spec"]["taint"]["effect"] = json!("NoExecute");
+        draining.metadata.annotations = Some(BTreeMap::from([
+            (NODE_ANNOTATION.to_string(), "n".to_string()),
+            (CONFIRM_ANNOTATION.to_string(), "true".to_string()),
+            (EVICTION_API_ANNOTATION.to_string(), "true".to_string()),
+            (GRACE_PERIOD_ANNOTATION.to_string(), "30".to_string()),
+        ]));
+        assert_eq!(no_execute_patch(&draining, false, Some(30)), None);
+        assert!(no_execute_patch(&draining, false, Some(10)).is_some());
+        assert!(no_execute_patch(&draining, false, None).is_some());
+    }
+
+    /// Cordoning turns a preview into `NoSchedule` and leaves a rule that
+    /// cordons or evicts already.
+    #[test]
+    fn cordon_turns_only_previews() {
+        let patch = cordon_patch(&drain_rule("r", "n", "d", "None", json!({}))).unwrap();
+        assert_eq!(patch["spec"]["taint"]["effect"], "NoSchedule");
+        for effect in ["NoSchedule", "NoExecute"] {
+            assert_eq!(
+                cordon_patch(&drain_rule("r", "n", "d", effect, json!({}))),
+                None,
+                "{effect}"
+            );
+        }
+    }
+
+    /// A resumed drain converges on the current plan: the node's rules the
+    /// plan no longer has go, another node's or another driver's stay.
+    #[test]
+    fn rules_no_longer_planned_are_stale() {
+        let planned = vec![PlannedRule {
+            name: "keep".into(),
+            driver: "gpu".into(),
+            pool: "p".into(),
+            device: None,
+        }];
+        let existing = [
+            drain_rule("keep", "node-1", "gpu", "NoExecute", json!({})),
+            drain_rule("old-shape", "node-1", "gpu", "NoExecute", json!({})),
+            drain_rule("nic", "node-1", "nic", "NoExecute", json!({})),
+            drain_rule("other-node", "node-2", "gpu", "NoExecute", json!({})),
+        ];
+        assert_eq!(
+            stale_rules(&existing, "node-1", None, &planned),
+            ["old-shape", "nic"]
+        );
+        assert_eq!(
+            stale_rules(&existing, "node-1", Some("gpu"), &planned),
+            ["old-shape"],
+            "with --driver, only that driver's rules"
+        );
+    }
+
+    /// Devices placed one by one (`perDeviceNodeSelection`) are drained
+    /// when local to the node; those reachable from other nodes are not.
+    #[test]
+    fn per_device_placement_is_drained_device_by_device() {
+        let slice: ResourceSlice = serde_json::from_value(json!({
+            "metadata": {"name": "fabric"},
+            "spec": {
+                "driver": "nic.example.com",
+                "pool": {"name": "fabric", "generation": 1, "resourceSliceCount": 1},
+                "perDeviceNodeSelection": true,
+                "devices": [
+                    {"name": "here", "nodeName": "node-1"},
+                    {"name": "there", "nodeName": "node-2"},
+                    {"name": "everywhere", "allNodes": true},
+                ],
+            },
+        }))
+        .unwrap();
+        let rules = plan_rules("node-1", None, &[slice]);
+        let devices: Vec<Option<&str>> = rules.iter().map(|r| r.device.as_deref()).collect();
+        assert_eq!(devices, [Some("here")]);
+    }
+
+    /// What holds a stuck drain, read off the rules' status.
+    #[test]
+    fn the_budgets_holding_a_drain_are_named() {
+        let status = |message: &str| {
+            json!({"conditions": [{"type": "EvictionInProgress", "status": "True",
+                "reason": "PodsPendingEviction", "message": message}]})
+        };
+        let rules = [
+            drain_rule(
+                "r1",
+                "n",
+                "d",
+                "NoExecute",
+                status(
+                    "3 pods need to be evicted in 1 namespace. 1 pod waiting for PodDisruptionBudget \
+                     ns/a. 2 pods waiting for PodDisruptionBudget ns/b.",
+                ),
+            ),
+            drain_rule(
+                "r2",
+                "n",
+                "d",
+                "NoExecute",
+                status("1 pod needs to be evicted in 1 namespace."),
+            ),
+        ];
+        assert_eq!(
+            budget_holds(&rules),
+            [
+                "r1: 1 pod waiting for PodDisruptionBudget ns/a.",
+                "r1: 2 pods waiting for PodDisruptionBudget ns/b.",
+            ]
+        );
     }
 }

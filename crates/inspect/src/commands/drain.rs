@@ -1,10 +1,18 @@
-//! `drain`: plans a node's DeviceTaintRules and writes them with the None
-//! effect (a preview of what they would evict), then taints NoExecute and
-//! waits, as `drain-check --wait`, until no pod uses the devices.
+//! `drain`: as `kubectl drain` for a node's devices. Plans the node's
+//! DeviceTaintRules (removing those the plan no longer has), cordons
+//! (`NoSchedule`: nothing new lands on the devices), then taints
+//! `NoExecute` and waits, as `drain-check --wait`, until no pod uses the
+//! devices; past `--timeout` it says what holds the node, budgets included.
+//! `--dry-run` makes `None` rules, prints what they would evict, and
+//! removes the rules it made.
 
 use super::{DrainArgs, DrainCheckArgs, connect, drain_check};
-use crate::device_drain::{all_slices, ensure_rules, evict, plan_rules, previews, rules_version};
+use crate::device_drain::{
+    Created, PlannedRule, all_slices, budget_holds, cordon, delete_rules, ensure_rules, evict,
+    plan_rules, previews, prune_rules, rules_of, rules_version,
+};
 use crate::report::exit;
+use dra_model::device_taints::RulesVersion;
 
 /// Runs `drain`; its exit code (the final drain-check's, past the preview).
 pub(super) async fn run(args: DrainArgs) -> u8 {
@@ -13,10 +21,6 @@ pub(super) async fn run(args: DrainArgs) -> u8 {
     let client = match connect(&args.connection).await {
         Ok(c) => c,
         Err(code) => return code,
-    };
-    let failed = |e: String| {
-        eprintln!("error: {e}");
-        exit::INCOMPLETE
     };
     let version = match rules_version(&client).await {
         Ok(v) => v,
@@ -35,40 +39,39 @@ pub(super) async fn run(args: DrainArgs) -> u8 {
                 .unwrap_or_default()
         );
     }
-    let rules = match ensure_rules(&client, version, node, &planned).await {
-        Ok(r) => r,
-        Err(e) => return failed(e),
-    };
-    let previewing: Vec<String> = rules
-        .iter()
-        .filter(|r| r.data["spec"]["taint"]["effect"] == "None")
-        .filter_map(|r| r.metadata.name.clone())
-        .collect();
-    if !previewing.is_empty() {
-        for (name, said) in previews(&client, version, &previewing, args.preview_timeout.0).await {
-            match said {
-                Some(message) => eprintln!("preview {name}: {message}"),
-                None => eprintln!(
-                    "preview {name}: no figures yet (is a device-taint eviction controller running, with DRADeviceTaintRules on?)"
-                ),
+    if args.dry_run {
+        return dry_run(&client, version, &args, &planned).await;
+    }
+    // The plan as the node is now: a rule it no longer has goes (its
+    // device left the node, or its pool changed shape).
+    match prune_rules(&client, version, node, driver, &planned).await {
+        Ok(removed) => {
+            for name in removed {
+                eprintln!("DeviceTaintRule {name} removed: no longer in node {node}'s plan");
             }
         }
+        Err(e) => return failed(e),
     }
-    if args.preview {
-        if previewing.len() < rules.len() {
-            eprintln!(
-                "node {node} is being drained already ({} of {} rules NoExecute); `uncordon {node}` ends it",
-                rules.len() - previewing.len(),
-                rules.len()
-            );
-        } else {
-            eprintln!(
-                "preview only: the rules evict nobody; run `drain {node}` again to evict, `uncordon {node}` to remove them"
-            );
-        }
-        return exit::CLEAN;
+    let rules = match ensure_rules(&client, version, node, &planned, Created::Cordoned).await {
+        Ok(ensured) => ensured.rules,
+        Err(e) => return failed(e),
+    };
+    if let Err(e) = cordon(&client, version, &rules).await {
+        return failed(e);
     }
-    if let Err(e) = evict(&client, version, &rules, args.disable_eviction).await {
+    eprintln!(
+        "node {node} cordoned: {} DeviceTaintRule(s) keep new pods off its devices",
+        rules.len()
+    );
+    if let Err(e) = evict(
+        &client,
+        version,
+        &rules,
+        args.disable_eviction,
+        args.grace_period,
+    )
+    .await
+    {
         return failed(e);
     }
     eprintln!(
@@ -80,7 +83,7 @@ pub(super) async fn run(args: DrainArgs) -> u8 {
             "pods evicted, PodDisruptionBudgets respected"
         }
     );
-    drain_check::run(DrainCheckArgs {
+    let code = drain_check::run(DrainCheckArgs {
         node_name: Some(node.to_string()),
         node: None,
         driver: args.driver.clone(),
@@ -89,7 +92,63 @@ pub(super) async fn run(args: DrainArgs) -> u8 {
         strict: false,
         finished_grace: args.finished_grace,
         output: args.output,
-        connection: args.connection,
+        connection: args.connection.clone(),
     })
-    .await
+    .await;
+    if code != exit::CLEAN {
+        // What the report cannot see: the budgets holding the evictions.
+        if let Ok(rules) = rules_of(&client, version, node, driver).await {
+            for hold in budget_holds(&rules) {
+                eprintln!("held: {hold}");
+            }
+        }
+    }
+    code
+}
+
+fn failed(e: String) -> u8 {
+    eprintln!("error: {e}");
+    exit::INCOMPLETE
+}
+
+/// `--dry-run`: the plan's rules as previews (`None`), what each says it
+/// would evict, then the rules this run made removed again. Rules a drain
+/// made already are left as they are.
+async fn dry_run(
+    client: &kube::Client,
+    version: RulesVersion,
+    args: &DrainArgs,
+    planned: &[PlannedRule],
+) -> u8 {
+    let node = args.node.as_str();
+    let ensured = match ensure_rules(client, version, node, planned, Created::Preview).await {
+        Ok(ensured) => ensured,
+        Err(e) => return failed(e),
+    };
+    let previewing: Vec<String> = ensured
+        .rules
+        .iter()
+        .filter(|r| r.data["spec"]["taint"]["effect"] == "None")
+        .filter_map(|r| r.metadata.name.clone())
+        .collect();
+    for (name, said) in previews(client, version, &previewing, args.preview_timeout.0).await {
+        match said {
+            Some(message) => eprintln!("preview {name}: {message}"),
+            None => eprintln!(
+                "preview {name}: no figures yet (is a device-taint eviction controller running, with DRADeviceTaintRules on?)"
+            ),
+        }
+    }
+    let draining = ensured.rules.len() - previewing.len();
+    if draining > 0 {
+        eprintln!(
+            "node {node} is being drained already ({draining} of {} rules cordon or evict); `uncordon {node}` ends it",
+            ensured.rules.len()
+        );
+    }
+    if let Err(e) = delete_rules(client, version, &ensured.created).await {
+        return failed(e);
+    }
+    eprintln!("dry run: nothing evicted, the preview rules removed; run `drain {node}` to drain");
+    exit::CLEAN
 }

@@ -74,12 +74,15 @@ pub struct DrainArgs {
     /// Only the devices of this driver (e.g. gpu.example.com).
     #[arg(long)]
     pub driver: Option<String>,
-    /// Stop after the preview: the rules stay with the None effect (evicting nobody) until `drain` runs again or `uncordon` removes them.
-    #[arg(long)]
-    pub preview: bool,
+    /// Only say what would be evicted: the rules are made with the None effect (evicting nobody), their previews printed, and the rules this run made removed again.
+    #[arg(long, alias = "preview")]
+    pub dry_run: bool,
     /// Delete the pods instead of evicting them through the Eviction API, bypassing PodDisruptionBudgets (kubectl drain's flag). By default the rules ask the device-taint eviction controller for evictions that budgets hold.
     #[arg(long)]
     pub disable_eviction: bool,
+    /// Seconds each pod is given to terminate (kubectl drain's flag); negative, or not given: the pod's own terminationGracePeriodSeconds.
+    #[arg(long, allow_hyphen_values = true)]
+    pub grace_period: Option<i64>,
     /// How long to wait for the preview's figures.
     #[arg(long, default_value = "30s")]
     pub preview_timeout: FlagDuration,
