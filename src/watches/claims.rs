@@ -114,13 +114,6 @@ impl ClaimWatches {
         &self.synced
     }
 
-    pub fn is_synced(&self) -> bool {
-        self.pods.is_synced()
-            && self.claims.is_synced()
-            && self.templates.is_synced()
-            && (self.pod_group_api.is_none() || self.pod_groups.is_synced())
-    }
-
     /// Resolves once the first list of every watch is in.
     pub async fn wait_synced(&self) {
         self.pods.wait_synced().await;

@@ -313,18 +313,34 @@ fn of_drain(rule: &DynamicObject, node: &str, driver: Option<&str>) -> bool {
     of_node && driver.is_none_or(|d| rule.data["spec"]["deviceSelector"]["driver"] == d)
 }
 
-/// The node's drain rules (of `driver`, when given) the plan no longer has:
-/// the pool changed shape, or the device left, since the drain began.
+/// The node's drain rules (of `driver`, when given) the plan no longer has
+/// although their pool is published (`slices`): the pool changed shape, or
+/// the device left the node, since the drain began. A rule whose pool is not
+/// published now stays: its driver may be down for the very maintenance the
+/// drain is for, and its devices come back with it.
 pub(crate) fn stale_rules(
     existing: &[DynamicObject],
     node: &str,
     driver: Option<&str>,
     planned: &[PlannedRule],
+    slices: &[ResourceSlice],
 ) -> Vec<String> {
     let wanted: BTreeSet<&str> = planned.iter().map(|r| r.name.as_str()).collect();
+    let published: BTreeSet<(&str, &str)> = slices
+        .iter()
+        .map(|s| (s.spec.driver.as_str(), s.spec.pool.name.as_str()))
+        .collect();
     existing
         .iter()
         .filter(|r| of_drain(r, node, driver))
+        .filter(|r| {
+            let selector = &r.data["spec"]["deviceSelector"];
+            let pool = (
+                selector["driver"].as_str().unwrap_or_default(),
+                selector["pool"].as_str().unwrap_or_default(),
+            );
+            published.contains(&pool)
+        })
         .filter_map(|r| r.metadata.name.clone())
         .filter(|name| !wanted.contains(name.as_str()))
         .collect()
@@ -368,9 +384,10 @@ pub(crate) async fn prune_rules(
     node: &str,
     driver: Option<&str>,
     planned: &[PlannedRule],
+    slices: &[ResourceSlice],
 ) -> Result<Vec<String>, String> {
     let existing = drain_rules_of(&rules_api(client, version), node).await?;
-    let stale = stale_rules(&existing, node, driver, planned);
+    let stale = stale_rules(&existing, node, driver, planned, slices);
     delete_rules(client, version, &stale).await
 }
 
@@ -645,7 +662,8 @@ mod tests {
         serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
             "metadata": {"name": name, "annotations": {NODE_ANNOTATION: node}},
-            "spec": {"deviceSelector": {"driver": driver}, "taint": {"key": TAINT_KEY, "effect": effect}},
+            "spec": {"deviceSelector": {"driver": driver, "pool": "p"},
+                     "taint": {"key": TAINT_KEY, "effect": effect}},
             "status": status,
         }))
         .unwrap()
@@ -710,15 +728,22 @@ mod tests {
             drain_rule("nic", "node-1", "nic", "NoExecute", json!({})),
             drain_rule("other-node", "node-2", "gpu", "NoExecute", json!({})),
         ];
+        let published = [
+            slice("s1", "gpu", "p", "node-1", &["g0"]),
+            slice("s2", "nic", "p", "node-1", &["n0"]),
+        ];
         assert_eq!(
-            stale_rules(&existing, "node-1", None, &planned),
+            stale_rules(&existing, "node-1", None, &planned, &published),
             ["old-shape", "nic"]
         );
         assert_eq!(
-            stale_rules(&existing, "node-1", Some("gpu"), &planned),
+            stale_rules(&existing, "node-1", Some("gpu"), &planned, &published),
             ["old-shape"],
             "with --driver, only that driver's rules"
         );
+        // The driver is down for the maintenance (its pool unpublished): a
+        // resumed drain keeps its rules, whatever the plan says.
+        assert!(stale_rules(&existing, "node-1", None, &[], &[]).is_empty());
     }
 
     /// Devices placed one by one (`perDeviceNodeSelection`) are drained

@@ -19,7 +19,10 @@ pub const EVICTION_API_ANNOTATION: &str = "dra-claim-controller.io/respect-disru
 pub const GRACE_PERIOD_ANNOTATION: &str = "dra-claim-controller.io/eviction-grace-period-seconds";
 
 /// The grace period a rule's annotation asks for, if it asks for a valid one
-/// (a whole number of seconds, not negative).
+/// (a whole number of seconds, not negative). 0 is read as 1: a grace period
+/// of 0 makes the API server remove a running pod's object at once, before
+/// its containers stop, and its devices could be handed to another pod
+/// while still in use (`kubectl delete` refuses 0 without `--force`).
 pub fn grace_period_of(
     annotations: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Option<i64> {
@@ -29,6 +32,7 @@ pub fn grace_period_of(
         .parse::<i64>()
         .ok()
         .filter(|s| *s >= 0)
+        .map(|s| s.max(1))
 }
 
 /// A DeviceTaintRule as the index reads it, whatever API version served it
@@ -297,6 +301,22 @@ pub(crate) fn matches_key_and_value(toleration: &DeviceToleration, taint: &Devic
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_rules_grace_period_is_whole_seconds_never_zero() {
+        let asked = |value: &str| {
+            grace_period_of(Some(&std::collections::BTreeMap::from([(
+                GRACE_PERIOD_ANNOTATION.to_string(),
+                value.to_string(),
+            )])))
+        };
+        assert_eq!(asked("30"), Some(30));
+        assert_eq!(asked(" 5 "), Some(5));
+        assert_eq!(asked("0"), Some(1), "0 would remove a running pod at once");
+        assert_eq!(asked("-1"), None, "the pod's own");
+        assert_eq!(asked("soon"), None);
+        assert_eq!(grace_period_of(None), None);
+    }
 
     fn rule(selector: serde_json::Value) -> TaintRule {
         let v1: k8s_openapi::api::resource::v1::DeviceTaintRule = serde_json::from_value(json!({

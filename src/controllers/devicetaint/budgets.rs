@@ -9,7 +9,8 @@
 //! does for every other taint (a device that failed must be left now).
 //!
 //! Such a rule may also set the seconds each pod gets to terminate
-//! ([`GRACE_PERIOD_ANNOTATION`], `kubectl dra drain --grace-period`).
+//! (`model::device_taints::GRACE_PERIOD_ANNOTATION`, `kubectl dra drain
+//! --grace-period`).
 //!
 //! Pure functions; `evict.rs` acts on them.
 
@@ -20,7 +21,7 @@ use k8s_openapi::api::resource::v1::DeviceTaintRule;
 
 use crate::model::device_taints::TaintSource;
 
-pub(crate) use crate::model::device_taints::{EVICTION_API_ANNOTATION, GRACE_PERIOD_ANNOTATION};
+pub(crate) use crate::model::device_taints::EVICTION_API_ANNOTATION;
 
 /// The reason of the Warning event on a pod a budget holds.
 pub(crate) const BLOCKED_EVENT_REASON: &str = "EvictionBlockedByDisruptionBudget";

@@ -34,13 +34,18 @@ impl Controller {
             return Ok(Action::Done);
         };
         let uid = rule.metadata.uid.clone().unwrap_or_default();
-        let seen_for = self
-            .tracking
-            .lock()
-            .unwrap()
-            .rule_seen
-            .get(&uid)
-            .map_or(SIMULATION_SETTLE, |(_, at)| at.elapsed());
+        let preview_of = (uid.clone(), rule.metadata.generation);
+        let seen_for = {
+            let tracking = self.tracking.lock().unwrap();
+            if tracking.previewed.contains(&preview_of) {
+                // Written by us; the watch may not have brought it back yet.
+                return Ok(Action::Done);
+            }
+            tracking
+                .rule_seen
+                .get(&uid)
+                .map_or(SIMULATION_SETTLE, |(_, at)| at.elapsed())
+        };
         if let Some(wait) = preview_wait(&rule, seen_for) {
             return Ok(Action::RecheckAfter(wait));
         }
@@ -84,6 +89,9 @@ impl Controller {
                     "writing the status of DeviceTaintRule {name}"
                 ))(e));
             }
+        }
+        if rule.spec.taint.effect == "None" {
+            self.tracking.lock().unwrap().previewed.insert(preview_of);
         }
         info!(reason = condition.reason, message = %condition.message, "DeviceTaintRule status written");
         Ok(Action::Done)

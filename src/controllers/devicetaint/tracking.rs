@@ -84,6 +84,9 @@ pub(crate) struct Tracking {
     /// When this process first saw each rule's generation, by rule UID
     /// (a `None` rule's preview waits for the other watches from then).
     pub rule_seen: HashMap<String, (Option<i64>, std::time::Instant)>,
+    /// The `None` rules (UID, generation) whose preview this process wrote:
+    /// not written again, even before the watch brings the write back.
+    pub previewed: std::collections::HashSet<(String, Option<i64>)>,
 }
 
 impl Controller {

@@ -10,9 +10,10 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::resource::v1::{DeviceTaintRule, ResourceSlice};
 use tracing::info;
 
-use super::budgets::{EVICTION_API_ANNOTATION, GRACE_PERIOD_ANNOTATION};
+use super::budgets::respects_budgets;
 use super::rule_status::CONFIRM_ANNOTATION;
 use super::{Controller, Item, RULE_CHANGED};
+use crate::model::device_taints::grace_period_of;
 use crate::model::views::{ClaimView, PodView};
 use crate::runtime::informer::Observer;
 use crate::runtime::store::object_key;
@@ -104,12 +105,11 @@ fn rule_input(rule: &DeviceTaintRule) -> (serde_json::Value, Option<&String>) {
 }
 
 /// How a rule asks its pods to be evicted: through the Eviction API or not,
-/// with which grace period.
-fn eviction_asked(rule: &DeviceTaintRule) -> (Option<&String>, Option<&String>) {
-    let annotations = rule.metadata.annotations.as_ref();
+/// with which grace period (as read, so that a respelling changes nothing).
+fn eviction_asked(rule: &DeviceTaintRule) -> (bool, Option<i64>) {
     (
-        annotations.and_then(|a| a.get(EVICTION_API_ANNOTATION)),
-        annotations.and_then(|a| a.get(GRACE_PERIOD_ANNOTATION)),
+        respects_budgets(rule),
+        grace_period_of(rule.metadata.annotations.as_ref()),
     )
 }
 
@@ -119,23 +119,29 @@ impl Observer<DeviceTaintRule> for Controller {
             rules = self.stores.devices.rules.len(),
             "DeviceTaintRules loaded"
         );
-        self.refresh_all(true);
         let rules = self.stores.devices.rules.list();
         let uids: BTreeSet<&str> = rules
             .iter()
             .filter_map(|r| r.metadata.uid.as_deref())
             .collect();
-        // Rules deleted while the watch was away are forgotten.
-        self.tracking
-            .lock()
-            .unwrap()
-            .rule_seen
-            .retain(|uid, _| uids.contains(uid.as_str()));
+        {
+            // Rules deleted while the watch was away are forgotten.
+            let mut tracking = self.tracking.lock().unwrap();
+            tracking
+                .rule_seen
+                .retain(|uid, _| uids.contains(uid.as_str()));
+            tracking
+                .previewed
+                .retain(|(uid, _)| uids.contains(uid.as_str()));
+        }
+        // Seen before anything is queued for them (a preview waits from
+        // here).
         for rule in &rules {
             self.saw_rule(rule);
         }
+        self.refresh_all(true);
         if self.is_leading() {
-            for rule in self.stores.devices.rules.list() {
+            for rule in &rules {
                 if let Some(name) = &rule.metadata.name {
                     self.queue.add(Item::Rule(name.clone()), RULE_CHANGED);
                 }
@@ -176,6 +182,7 @@ impl Observer<DeviceTaintRule> for Controller {
             let mut tracking = self.tracking.lock().unwrap();
             tracking.evicted_by_rule.remove(uid);
             tracking.rule_seen.remove(uid);
+            tracking.previewed.retain(|(u, _)| u != uid);
         }
         self.refresh_all(true);
     }

@@ -42,22 +42,24 @@ pub(super) async fn run(args: DrainArgs) -> u8 {
     if args.dry_run {
         return dry_run(&client, version, &args, &planned).await;
     }
-    // The plan as the node is now: a rule it no longer has goes (its
-    // device left the node, or its pool changed shape).
-    match prune_rules(&client, version, node, driver, &planned).await {
-        Ok(removed) => {
-            for name in removed {
-                eprintln!("DeviceTaintRule {name} removed: no longer in node {node}'s plan");
-            }
-        }
-        Err(e) => return failed(e),
-    }
     let rules = match ensure_rules(&client, version, node, &planned, Created::Cordoned).await {
         Ok(ensured) => ensured.rules,
         Err(e) => return failed(e),
     };
     if let Err(e) = cordon(&client, version, &rules).await {
         return failed(e);
+    }
+    // The plan as the node is now, once its rules cordon: a rule it no
+    // longer has goes when its device left the node or its pool changed
+    // shape; one whose pool is not published now (a driver stopped for the
+    // maintenance) stays.
+    match prune_rules(&client, version, node, driver, &planned, &slices).await {
+        Ok(removed) => {
+            for name in removed {
+                eprintln!("DeviceTaintRule {name} removed: no longer in node {node}'s plan");
+            }
+        }
+        Err(e) => return failed(e),
     }
     eprintln!(
         "node {node} cordoned: {} DeviceTaintRule(s) keep new pods off its devices",

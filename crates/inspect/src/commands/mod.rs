@@ -38,10 +38,11 @@ pub enum Tool {
     Audit(AuditArgs),
     /// Check that an installed controller works: its pods are Ready, its Lease is held and renewed, its /metrics answers (exit 0; 1 when a check fails; 3 when the checks could not be made). The chart's `helm test` runs it.
     CheckRelease(CheckReleaseArgs),
-    /// Take a node's devices (of one driver, or all) out of service before driver maintenance: DeviceTaintRules
-    /// preview what would be evicted (effect None), then taint them NoExecute so that the device-taint eviction
-    /// controller evicts the pods using them, then wait until drain-check finds the node clean (its exit code).
-    /// Run again, it resumes. `uncordon` undoes it.
+    /// Take a node's devices (of one driver, or all) out of service before driver maintenance, as kubectl drain
+    /// does for a node: DeviceTaintRules cordon them (NoSchedule), then taint them NoExecute so that the
+    /// device-taint eviction controller evicts the pods using them (PodDisruptionBudgets respected), then wait
+    /// until drain-check finds the node clean (its exit code; past --timeout, what still holds it). --dry-run
+    /// only previews what would be evicted. Run again, it resumes. `uncordon` undoes it.
     Drain(DrainArgs),
     /// Remove the DeviceTaintRules `drain` made for a node: its devices serve pods again.
     Uncordon(UncordonArgs),
