@@ -103,9 +103,10 @@ async fn drain_and_uncordon_a_real_node() {
         running.metadata.deletion_timestamp.is_none(),
         "evicted while the budget allowed nothing"
     );
-    // The budget allows one: the drain goes through.
+    // The budget allows one: the drain goes through (the controller may
+    // evict the pod the moment the budget allows it, even before this test
+    // could read the budget's new status).
     set_min_available(&budgets, "holder", 0).await;
-    until_budget_allows(&budgets, "holder", 1).await;
 
     // The drain: evicted, stopped, unprepared, released; Clean.
     let started = Instant::now();
