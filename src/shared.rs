@@ -45,7 +45,7 @@ pub struct Shared {
     pub devices: Arc<DeviceWatches>,
     /// Set once every shared watch has its first list in.
     pub synced: WatchesSynced,
-    subscribed: Mutex<Subscribed>,
+    subscribed: Mutex<Subscriptions>,
 }
 
 /// Where the process shows itself: `/metrics` (the registry, and families
@@ -59,21 +59,15 @@ pub struct Endpoints {
     pub apis: ApiStatus,
 }
 
-/// What the controllers built so far asked for.
+/// What the controllers asked for: filled by their builds, taken once to
+/// run the watches.
 #[derive(Default)]
-struct Subscribed {
-    claims: ClaimObservers,
-    devices: DeviceObservers,
-    tasks: Vec<Task>,
-    /// Stores of their own a controller fills before it may lead.
-    synced_too: Vec<Task>,
-}
-
-/// What the controllers subscribed to, taken once to run the watches.
 pub struct Subscriptions {
     pub claims: ClaimObservers,
     pub devices: DeviceObservers,
+    /// Tasks beside the watches (a controller's watch of its own API).
     pub tasks: Vec<Task>,
+    /// Stores of their own a controller fills before it may lead.
     pub synced_too: Vec<Task>,
 }
 
@@ -179,12 +173,6 @@ impl Shared {
 
     /// What every controller subscribed to; taken once, after the builds.
     pub fn subscriptions(&self) -> Subscriptions {
-        let subscribed = std::mem::take(&mut *self.subscribed.lock().unwrap());
-        Subscriptions {
-            claims: subscribed.claims,
-            devices: subscribed.devices,
-            tasks: subscribed.tasks,
-            synced_too: subscribed.synced_too,
-        }
+        std::mem::take(&mut *self.subscribed.lock().unwrap())
     }
 }

@@ -288,15 +288,27 @@ pub(crate) async fn cordon(
     version: RulesVersion,
     rules: &[DynamicObject],
 ) -> Result<(), String> {
+    patch_rules(client, version, rules, cordon_patch, "NoSchedule").await
+}
+
+/// Writes to each rule the change `patch_of` asks for (none: left alone);
+/// `effect` names the effect it sets, for the error.
+async fn patch_rules(
+    client: &kube::Client,
+    version: RulesVersion,
+    rules: &[DynamicObject],
+    patch_of: impl Fn(&DynamicObject) -> Option<Value>,
+    effect: &str,
+) -> Result<(), String> {
     let api = rules_api(client, version);
     for rule in rules {
-        let Some(patch) = cordon_patch(rule) else {
+        let Some(patch) = patch_of(rule) else {
             continue;
         };
         let name = rule.metadata.name.clone().unwrap_or_default();
         api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .map_err(|e| format!("setting DeviceTaintRule {name} to NoSchedule: {e}"))?;
+            .map_err(|e| format!("setting DeviceTaintRule {name} to {effect}: {e}"))?;
     }
     Ok(())
 }
@@ -503,17 +515,8 @@ pub(crate) async fn evict(
     delete: bool,
     grace: Option<i64>,
 ) -> Result<(), String> {
-    let api = rules_api(client, version);
-    for rule in rules {
-        let name = rule.metadata.name.clone().unwrap_or_default();
-        let Some(patch) = no_execute_patch(rule, delete, grace) else {
-            continue;
-        };
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .map_err(|e| format!("setting DeviceTaintRule {name} to NoExecute: {e}"))?;
-    }
-    Ok(())
+    let patch_of = |rule: &DynamicObject| no_execute_patch(rule, delete, grace);
+    patch_rules(client, version, rules, patch_of, "NoExecute").await
 }
 
 /// Deletes the node's drain rules (of `driver`'s devices, when given);
