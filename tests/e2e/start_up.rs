@@ -78,8 +78,8 @@ async fn first_lists_stream_where_the_server_serves_them() {
 /// The pod view read from the API server's protobuf equals the one read
 /// from its JSON, field for field, for pods that fill every field the
 /// view keeps: claim entries of both kinds, claim statuses, the node, the
-/// scheduled condition, terminated and running containers, labels kept
-/// and dropped, a deletion in progress.
+/// scheduled and disruption-target conditions, terminated and running
+/// containers, labels kept and dropped, a deletion in progress.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_read_from_protobuf_equal_pods_read_from_json() {
     const NAME: &str = "pods_read_from_protobuf_equal_pods_read_from_json";
@@ -144,7 +144,10 @@ async fn pods_read_from_protobuf_equal_pods_read_from_json() {
         ),
         (
             "held",
-            json!({"phase": "Running", "containerStatuses": container(json!({"running": {"startedAt": "2026-11-25T10:00:00Z"}}))}),
+            json!({"phase": "Running",
+                   "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                                   "message": "Eviction API: evicting", "lastTransitionTime": "2026-11-25T10:06:00Z"}],
+                   "containerStatuses": container(json!({"running": {"startedAt": "2026-11-25T10:00:00Z"}}))}),
         ),
         (
             "plain",
@@ -210,7 +213,7 @@ async fn pods_read_from_protobuf_equal_pods_read_from_json() {
     assert_eq!(finished.spec.node_name.as_deref(), Some("node-1"));
     assert_eq!(finished.spec.resource_claims.len(), 2);
     assert_eq!(finished.status.resource_claim_statuses.len(), 1);
-    assert!(finished.status.scheduling.scheduled);
+    assert!(finished.status.conditions.scheduling.scheduled);
     assert!(finished.status.containers_finished_at.is_some());
     assert_eq!(
         finished.metadata.labels,
@@ -221,9 +224,9 @@ async fn pods_read_from_protobuf_equal_pods_read_from_json() {
     assert!(finished.node_name_written);
     let bound = &as_protobuf["bound"];
     assert_eq!(bound.spec.node_name.as_deref(), Some("node-2"));
-    assert!(bound.status.scheduling.scheduled && !bound.node_name_written);
+    assert!(bound.status.conditions.scheduling.scheduled && !bound.node_name_written);
     let plain = &as_protobuf["plain"];
-    assert!(plain.status.scheduling.unschedulable);
+    assert!(plain.status.conditions.scheduling.unschedulable);
     assert_eq!(plain.spec.placeholder_gate, Some(1));
     assert!(plain.is_seed_placeholder() && plain.placeholder_entry() == Some("gpu"));
     let effective = plain.requests().effective();
@@ -235,6 +238,12 @@ async fn pods_read_from_protobuf_equal_pods_read_from_json() {
     assert!(held.metadata.deletion_timestamp.is_some());
     assert!(held.status.containers_finished_at.is_none());
     assert_eq!(held.status.phase.as_deref(), Some("Running"));
+    let target = held.status.conditions.disruption_target.as_deref();
+    assert_eq!(
+        target.map(|c| (c.status.as_str(), c.reason.as_deref())),
+        Some(("True", Some("EvictionByEvictionAPI")))
+    );
+    assert!(target.is_some_and(|c| c.last_transition_time.is_some()));
 
     // Let the held pod go, so the namespace can.
     pods.patch(

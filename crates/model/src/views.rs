@@ -2,8 +2,8 @@
 //!
 //! A cluster-wide pod watch dominates the memory of this controller. These
 //! types deserialize only the fields the controller reads (serde skips the
-//! rest without allocating), so managed fields, container specs, conditions
-//! and the like are never held in memory.
+//! rest without allocating), so managed fields, container specs, most
+//! conditions and the like are never held in memory.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;

@@ -144,24 +144,59 @@ impl SchedulingConditions {
     }
 }
 
-fn scheduling_conditions<'de, D: Deserializer<'de>>(
-    d: D,
-) -> Result<SchedulingConditions, D::Error> {
-    #[derive(Deserialize)]
-    struct Condition {
-        #[serde(rename = "type", default)]
-        type_: String,
-        #[serde(default)]
-        status: String,
-        #[serde(default)]
-        reason: String,
+/// The `DisruptionTarget` condition as last seen: what an eviction needs
+/// to write its own without a fresh read (kept only on pods that have one,
+/// boxed so that the others pay a pointer).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DisruptionTargetSeen {
+    #[serde(default)]
+    pub status: String,
+    pub reason: Option<String>,
+    pub message: Option<String>,
+    pub last_transition_time: Option<Time>,
+}
+
+/// `status.conditions`, slimmed: `PodScheduled` as two flags and
+/// `DisruptionTarget` as seen; the others are not kept.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodConditions {
+    pub scheduling: SchedulingConditions,
+    pub disruption_target: Option<Box<DisruptionTargetSeen>>,
+}
+
+pub(crate) const DISRUPTION_TARGET: &str = "DisruptionTarget";
+
+impl<'de> Deserialize<'de> for PodConditions {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Condition {
+            #[serde(rename = "type", default)]
+            type_: String,
+            #[serde(default)]
+            status: String,
+            #[serde(default)]
+            reason: String,
+            #[serde(default)]
+            message: String,
+            last_transition_time: Option<Time>,
+        }
+        let conditions = Option::<Vec<Condition>>::deserialize(d)?.unwrap_or_default();
+        let mut kept = PodConditions::default();
+        for c in conditions {
+            kept.scheduling.note(&c.type_, &c.status, &c.reason);
+            if c.type_ == DISRUPTION_TARGET {
+                kept.disruption_target = Some(Box::new(DisruptionTargetSeen {
+                    status: c.status,
+                    reason: Some(c.reason).filter(|r| !r.is_empty()),
+                    message: Some(c.message).filter(|m| !m.is_empty()),
+                    last_transition_time: c.last_transition_time,
+                }));
+            }
+        }
+        Ok(kept)
     }
-    let conditions = Option::<Vec<Condition>>::deserialize(d)?.unwrap_or_default();
-    let mut flags = SchedulingConditions::default();
-    for c in &conditions {
-        flags.note(&c.type_, &c.status, &c.reason);
-    }
-    Ok(flags)
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -171,13 +206,9 @@ pub struct PodViewStatus {
     #[serde(default, deserialize_with = "null_as_default")]
     pub resource_claim_statuses: Vec<PodResourceClaimStatus>,
     pub extended_resource_claim_status: Option<ExtendedClaimRef>,
-    /// `conditions`: only `PodScheduled`, as flags.
-    #[serde(
-        default,
-        rename = "conditions",
-        deserialize_with = "scheduling_conditions"
-    )]
-    pub scheduling: SchedulingConditions,
+    /// `conditions`: only `PodScheduled` (as flags) and `DisruptionTarget`.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub conditions: PodConditions,
     /// When the last of its containers finished, if all have (from
     /// `containerStatuses`): a kubelet unprepares devices only after that.
     #[serde(
@@ -259,7 +290,8 @@ impl PodView {
     /// still the fallback for a pod whose managed fields were stripped:
     /// bound, and first seen before anyone reported it scheduled.
     pub(crate) fn placed_without_scheduler(&self) -> bool {
-        self.node_name().is_some() && (self.node_name_written || !self.status.scheduling.scheduled)
+        self.node_name().is_some()
+            && (self.node_name_written || !self.status.conditions.scheduling.scheduled)
     }
     /// The pod as the object a Warning event is about.
     pub fn involved(&self) -> dra_runtime::events::Involved<'_> {

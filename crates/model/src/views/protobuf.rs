@@ -1,7 +1,7 @@
 //! [`PodView`] read from a pod's protobuf bytes, keeping what the JSON path
 //! keeps and nothing more: the same fields, the same slimming (one label,
-//! the `PodScheduled` flag, the containers' last finish), and the JSON
-//! path's notion of absent (an empty string, which protobuf writes for
+//! of the conditions only `PodScheduled` and `DisruptionTarget`, the
+//! containers' last finish), and the JSON path's notion of absent (an empty string, which protobuf writes for
 //! every unset string, reads as absent, as JSON's omitted field does).
 //! Field numbers are those of `k8s.io/api/core/v1/generated.proto` and
 //! `k8s.io/apimachinery/pkg/apis/meta/v1/generated.proto`.
@@ -12,8 +12,9 @@ use k8s_openapi::api::core::v1::{PodResourceClaim, PodResourceClaimStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::{
-    ANNOTATION_VALUE_MAX, ExtendedClaimRef, POD_LABELS_READ, PodView, PodViewSpec, PodViewStatus,
-    SchedulingConditions, SchedulingGroupRef, fields_v1_own_node_name,
+    ANNOTATION_VALUE_MAX, DISRUPTION_TARGET, DisruptionTargetSeen, ExtendedClaimRef,
+    POD_LABELS_READ, PodConditions, PodView, PodViewSpec, PodViewStatus, SchedulingGroupRef,
+    fields_v1_own_node_name,
 };
 use crate::requests::{InitRequests, ResourceList, add_into, parse_list};
 use dra_runtime::protobuf::{FromProtobuf, Value, WireError, fields, map_entry, time};
@@ -161,7 +162,7 @@ fn pod_status(raw: &[u8]) -> Result<PodViewStatus, WireError> {
     for field in fields(raw) {
         match field? {
             (1, v) => status.phase = non_empty(v)?,
-            (2, v) => note_condition(&mut status.scheduling, v.bytes()?)?,
+            (2, v) => note_condition(&mut status.conditions, v.bytes()?)?,
             (8, v) => {
                 containers += 1;
                 if let Some(at) = container_finished_at(v.bytes()?)? {
@@ -198,18 +199,30 @@ fn pod_status(raw: &[u8]) -> Result<PodViewStatus, WireError> {
     Ok(status)
 }
 
-/// `PodCondition`: type 1, status 2, reason 5.
-fn note_condition(flags: &mut SchedulingConditions, raw: &[u8]) -> Result<(), WireError> {
+/// `PodCondition`: type 1, status 2, lastTransitionTime 4, reason 5,
+/// message 6.
+fn note_condition(kept: &mut PodConditions, raw: &[u8]) -> Result<(), WireError> {
     let (mut type_, mut status, mut reason) = (String::new(), String::new(), String::new());
+    let (mut message, mut transition) = (String::new(), None);
     for field in fields(raw) {
         match field? {
             (1, v) => type_ = v.string()?,
             (2, v) => status = v.string()?,
+            (4, v) => transition = Some(time(v.bytes()?)?),
             (5, v) => reason = v.string()?,
+            (6, v) => message = v.string()?,
             _ => {}
         }
     }
-    flags.note(&type_, &status, &reason);
+    kept.scheduling.note(&type_, &status, &reason);
+    if type_ == DISRUPTION_TARGET {
+        kept.disruption_target = Some(Box::new(DisruptionTargetSeen {
+            status,
+            reason: Some(reason).filter(|r| !r.is_empty()),
+            message: Some(message).filter(|m| !m.is_empty()),
+            last_transition_time: transition,
+        }));
+    }
     Ok(())
 }
 
@@ -339,7 +352,7 @@ mod tests {
         assert_eq!(finished.spec.resource_claims.len(), 2);
         assert_eq!(finished.status.phase.as_deref(), Some("Succeeded"));
         assert_eq!(finished.status.resource_claim_statuses.len(), 1);
-        assert!(finished.status.scheduling.scheduled);
+        assert!(finished.status.conditions.scheduling.scheduled);
         assert!(finished.status.containers_finished_at.is_some());
         assert!(finished.node_name_written, "its creator owns spec.nodeName");
         assert_eq!(
@@ -351,12 +364,81 @@ mod tests {
         assert_eq!(bound.spec.node_name.as_deref(), Some("node-2"));
         assert!(!bound.node_name_written, "bound through pods/binding");
         let plain = &protobuf["plain"];
-        assert!(plain.status.scheduling.unschedulable);
+        assert!(plain.status.conditions.scheduling.unschedulable);
         assert_eq!(plain.spec.placeholder_gate, Some(1));
         assert!(plain.is_seed_placeholder() && plain.placeholder_entry() == Some("gpu"));
         let held = &protobuf["held"];
         assert!(held.metadata.deletion_timestamp.is_some());
         assert!(!held.metadata.uid.as_deref().unwrap_or_default().is_empty());
+    }
+
+    /// Protobuf's length-delimited field `number` holding `bytes`.
+    fn message_field(number: u32, bytes: &[u8]) -> Vec<u8> {
+        fn varint(mut v: u64, out: &mut Vec<u8>) {
+            while v >= 0x80 {
+                out.push((v as u8) | 0x80);
+                v >>= 7;
+            }
+            out.push(v as u8);
+        }
+        let mut out = Vec::new();
+        varint(u64::from(number << 3 | 2), &mut out);
+        varint(bytes.len() as u64, &mut out);
+        out.extend_from_slice(bytes);
+        out
+    }
+
+    /// `DisruptionTarget` is kept as JSON keeps it (status, reason,
+    /// message, transition time); other conditions but `PodScheduled` are
+    /// not, and a pod without it carries nothing.
+    #[test]
+    fn the_disruption_target_condition_reads_alike_from_protobuf_and_json() {
+        let condition = |type_: &str, reason: &str| {
+            let mut c = message_field(1, type_.as_bytes());
+            c.extend(message_field(2, b"True"));
+            // Time: seconds (field 1, a varint) 1,764,064,800.
+            let mut seconds = vec![0x08];
+            let mut v: u64 = 1_764_064_800;
+            while v >= 0x80 {
+                seconds.push((v as u8) | 0x80);
+                v >>= 7;
+            }
+            seconds.push(v as u8);
+            c.extend(message_field(4, &seconds));
+            c.extend(message_field(5, reason.as_bytes()));
+            c.extend(message_field(6, b"evicting"));
+            message_field(2, &c)
+        };
+        let mut status = condition("Ready", "Whatever");
+        status.extend(condition("DisruptionTarget", "EvictionByEvictionAPI"));
+        let from_protobuf = PodView::from_protobuf(&message_field(3, &status)).unwrap();
+        let from_json: PodView = serde_json::from_value(serde_json::json!({
+            "metadata": {},
+            "status": {"conditions": [
+                {"type": "Ready", "status": "True", "reason": "Whatever", "message": "evicting",
+                 "lastTransitionTime": "2025-11-25T10:00:00Z"},
+                {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                 "message": "evicting", "lastTransitionTime": "2025-11-25T10:00:00Z"},
+            ]}
+        }))
+        .unwrap();
+        let expected = DisruptionTargetSeen {
+            status: "True".into(),
+            reason: Some("EvictionByEvictionAPI".into()),
+            message: Some("evicting".into()),
+            last_transition_time: Some(Time("2025-11-25T10:00:00Z".parse().unwrap())),
+        };
+        for pod in [&from_protobuf, &from_json] {
+            assert_eq!(
+                pod.status.conditions.disruption_target.as_deref(),
+                Some(&expected)
+            );
+        }
+        let without: PodView = serde_json::from_value(serde_json::json!({
+            "metadata": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap();
+        assert_eq!(without.status.conditions.disruption_target, None);
     }
 
     /// A watch body arriving in pieces yields each frame once it is whole,

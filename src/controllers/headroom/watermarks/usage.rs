@@ -10,7 +10,7 @@ use crate::model::views::PodView;
 /// priority above `placeholder_priority`.
 pub(crate) fn waits_for_devices(pod: &PodView, placeholder_priority: i32) -> bool {
     pod.is_unbound()
-        && pod.status.scheduling.unschedulable
+        && pod.status.conditions.scheduling.unschedulable
         && !pod.spec.resource_claims.is_empty()
         && !pod.is_placeholder()
         && pod.spec.priority.unwrap_or(0) > placeholder_priority
