@@ -517,3 +517,71 @@ async fn a_preview_counts_the_pods_created_just_before_it() {
     .await;
     t.finish();
 }
+
+/// An eviction writes from the pod as the shared watch holds it, not from a
+/// fresh read; both of its writes carry the pod's UID. So with the pod
+/// watch seconds behind, a pod deleted and created again under its name
+/// (without the device) is never touched by the eviction meant for the old
+/// one: no `DisruptionTarget` condition, no deletion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_replaced_under_its_name_is_not_evicted_for_the_old_one() {
+    const NAME: &str = "a_pod_replaced_under_its_name_is_not_evicted_for_the_old_one";
+    const LAG: Duration = Duration::from_secs(3);
+    let Some(mut t) = TestCtx::isolated_with(NAME, rules_controller(), 0, &rules_apiserver()).await
+    else {
+        return;
+    };
+    let plan = crate::fault_proxy::FaultPlan {
+        watch_lag: LAG,
+        watch_lag_only: vec!["/pods".into()],
+        ..Default::default()
+    };
+    let _proxy = crate::faults_api::controller_behind_proxy(&mut t, plan).await;
+    let pool = "replaced-pool";
+    publish(&t, pool, &[("d0", json!([]))]).await;
+    let old = pod_on_device(&t, "victim", pool, "d0", json!([])).await;
+    let old_uid = old.metadata.uid.clone().unwrap();
+    // The controller's pod watch has caught up with the old pod.
+    tokio::time::sleep(LAG + Duration::from_secs(1)).await;
+
+    t.pods()
+        .delete(
+            "victim",
+            &kube::api::DeleteParams::default().grace_period(0),
+        )
+        .await
+        .expect("delete the old pod");
+    let new = t.create_pod("victim", &[], Some(NODE)).await;
+    assert_ne!(new.metadata.uid.as_deref(), Some(old_uid.as_str()));
+    create_rule(
+        &t,
+        "replaced-d0",
+        "NoExecute",
+        json!({"driver": DRIVER, "pool": pool, "device": "d0"}),
+    )
+    .await;
+
+    // The eviction was tried for the old pod, from the lagging copy ...
+    wait_for("the eviction tried for the old pod", TIMEOUT, async || {
+        let tried = t
+            .events_of("victim", "Normal", "DeviceTaintManagerEviction")
+            .await?
+            .iter()
+            .any(|e| e.involved_object.uid.as_deref() == Some(old_uid.as_str()));
+        ensure!(tried, "no eviction event for the old pod yet");
+        Ok(())
+    })
+    .await;
+    // ... and the new pod, past the lag, was never touched.
+    holds_for(
+        "the new pod untouched",
+        LAG + Duration::from_secs(2),
+        async || {
+            let pod = t.pods().get("victim").await?;
+            ensure!(pod.metadata.uid == new.metadata.uid, "replaced again");
+            ensure_untouched(&pod)
+        },
+    )
+    .await;
+    t.finish();
+}

@@ -1,8 +1,11 @@
-//! One eviction, as kube-controller-manager makes it: the pod read afresh
-//! (another UID or a deletion under way: nothing to do), a Normal event
-//! "Marking for deletion", the `DisruptionTarget` condition on its status,
-//! then a delete with the UID as precondition (not the Eviction API: a
-//! PodDisruptionBudget does not hold a device that must go). Beyond
+//! One eviction, as kube-controller-manager makes it: the pod as the shared
+//! watch has it (another UID or a deletion under way: nothing to do), a
+//! Normal event "Marking for deletion", the `DisruptionTarget` condition on
+//! its status, then a delete with the UID as precondition (not the Eviction
+//! API: a PodDisruptionBudget does not hold a device that must go).
+//! Unlike kube-controller-manager the pod is not read afresh first: both
+//! writes carry its UID, so a pod replaced since the watch saw it is never
+//! touched, and the eviction costs one request fewer. Beyond
 //! upstream, a pod whose every reason is a rule asking for it
 //! (`budgets.rs`) is evicted through the Eviction API instead, which
 //! writes `DisruptionTarget` itself and honours PodDisruptionBudgets.
@@ -22,8 +25,9 @@ use super::budgets::{
 use super::tracking::{Blocked, Pending};
 use super::{Controller, Item, RULE_BLOCKED, RULE_EVICTED, RULE_RECHECK};
 use crate::model::device_taints::grace_period_of;
+use crate::model::views::DisruptionTargetSeen;
 use crate::runtime::controller::Action;
-use crate::runtime::error::{SyncError, kube_err};
+use crate::runtime::error::SyncError;
 
 const CONDITION_TYPE: &str = "DisruptionTarget";
 const CONDITION_REASON: &str = "DeletionByDeviceTaintManager";
@@ -46,17 +50,15 @@ fn is_not_found_or_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
 }
 
-/// The `DisruptionTarget` condition to write on `pod` at `now`, as
-/// kube-controller-manager's `UpdatePodCondition` makes it: `None` when the
-/// pod carries it already as we would write it; otherwise ours, keeping the
-/// existing condition's transition time when its status does not change
-/// (`True` with another reason or message).
-fn disruption_condition(pod: &Pod, now: Timestamp) -> Option<serde_json::Value> {
-    let existing = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == CONDITION_TYPE));
+/// The `DisruptionTarget` condition to write on a pod carrying `existing`
+/// at `now`, as kube-controller-manager's `UpdatePodCondition` makes it:
+/// `None` when the pod carries it already as we would write it; otherwise
+/// ours, keeping the existing condition's transition time when its status
+/// does not change (`True` with another reason or message).
+fn disruption_condition(
+    existing: Option<&DisruptionTargetSeen>,
+    now: Timestamp,
+) -> Option<serde_json::Value> {
     let transition = match existing {
         Some(c)
             if c.status == "True"
@@ -118,17 +120,17 @@ impl Controller {
         self.metrics.paced(waited);
         let (namespace, name) = key.split_once('/').unwrap_or(("", key));
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let pod = api
-            .get_opt(name)
-            .await
-            .map_err(kube_err(format!("reading pod {key}")))?;
-        let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(pending.uid.as_str()))
+        let Some(pod) = self
+            .stores
+            .pods
+            .get(key)
+            .filter(|p| p.uid() == pending.uid.as_str())
         else {
             debug!("pod gone or replaced; nothing to evict");
             self.forget_pod(key, &pending.uid);
             return Ok(Action::Done);
         };
-        if pod.metadata.deletion_timestamp.is_some() {
+        if pod.is_deleting() {
             debug!("pod already being deleted");
             self.evicted.add(pending.uid.clone());
             self.forget_pod(key, &pending.uid);
@@ -158,7 +160,8 @@ impl Controller {
                 )
                 .await;
         }
-        if let Some(condition) = disruption_condition(&pod, Timestamp::now()) {
+        let existing = pod.status.conditions.disruption_target.as_deref();
+        if let Some(condition) = disruption_condition(existing, Timestamp::now()) {
             let patch = json!({
                 "metadata": {"uid": pending.uid},
                 "status": {"conditions": [condition]},
@@ -168,8 +171,8 @@ impl Controller {
                 .await
             {
                 Ok(_) => {}
-                // Gone. (A conflict is retried on fresh state: the next read
-                // tells a replaced pod from a busy one.)
+                // Gone. (Anything else is retried with backoff, on the
+                // watch's newer copy: a replaced pod is then seen as such.)
                 Err(kube::Error::Api(s)) if s.code == 404 => {
                     self.forget_pod(key, &pending.uid);
                     return Ok(Action::Done);
