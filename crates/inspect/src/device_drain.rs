@@ -87,29 +87,14 @@ fn rule_name(node: &str, key: &str) -> String {
     format!("dra-drain-{prefix}-{:08x}", fnv(key) as u32)
 }
 
-/// The rules that select exactly the node's devices (of `driver`, when
-/// given): one per pool that lives on this node only (every slice of it,
-/// of any generation, on this node, and its newest generation complete),
-/// one per device otherwise (a pool spanning nodes, or a device placed on
-/// this node by `perDeviceNodeSelection`): a rule must never reach another
-/// node's devices, confirmed as it is. `slices` is every slice of the
-/// cluster.
-pub(crate) fn plan_rules(
+/// This node's devices (of `driver`, when given) in each pool's newest
+/// generation, with the pool's slices against the count it announces.
+fn pools_on_node(
     node: &str,
     driver: Option<&str>,
     slices: &[ResourceSlice],
-) -> Vec<PlannedRule> {
+) -> BTreeMap<(String, String), PoolOnNode> {
     let of_driver = |s: &&ResourceSlice| driver.is_none_or(|d| d == s.spec.driver);
-    // Per (driver, pool): whether any slice of any generation is elsewhere.
-    let mut elsewhere: BTreeMap<(String, String), bool> = BTreeMap::new();
-    for slice in slices.iter().filter(of_driver) {
-        let s = &slice.spec;
-        *elsewhere
-            .entry((s.driver.clone(), s.pool.name.clone()))
-            .or_default() |= s.node_name.as_deref() != Some(node);
-    }
-    // This node's devices, and each pool's newest slices against the count
-    // it announces.
     let mut pools: BTreeMap<(String, String), PoolOnNode> = BTreeMap::new();
     for slice in dra_model::device_taints::current_slices(slices.iter()).filter(of_driver) {
         let s = &slice.spec;
@@ -132,6 +117,31 @@ pub(crate) fn plan_rules(
             );
         }
     }
+    pools
+}
+
+/// The rules that select exactly the node's devices (of `driver`, when
+/// given): one per pool that lives on this node only (every slice of it,
+/// of any generation, on this node, and its newest generation complete),
+/// one per device otherwise (a pool spanning nodes, or a device placed on
+/// this node by `perDeviceNodeSelection`): a rule must never reach another
+/// node's devices, confirmed as it is. `slices` is every slice of the
+/// cluster.
+pub(crate) fn plan_rules(
+    node: &str,
+    driver: Option<&str>,
+    slices: &[ResourceSlice],
+) -> Vec<PlannedRule> {
+    let of_driver = |s: &&ResourceSlice| driver.is_none_or(|d| d == s.spec.driver);
+    // Per (driver, pool): whether any slice of any generation is elsewhere.
+    let mut elsewhere: BTreeMap<(String, String), bool> = BTreeMap::new();
+    for slice in slices.iter().filter(of_driver) {
+        let s = &slice.spec;
+        *elsewhere
+            .entry((s.driver.clone(), s.pool.name.clone()))
+            .or_default() |= s.node_name.as_deref() != Some(node);
+    }
+    let pools = pools_on_node(node, driver, slices);
     let mut rules = Vec::new();
     for ((driver, pool_name), pool) in pools {
         if pool.devices.is_empty() {
