@@ -43,6 +43,8 @@ mod device_taints_differential;
 mod drain_budgets;
 #[path = "e2e/drain_check.rs"]
 mod drain_check;
+#[path = "e2e/drain_selector.rs"]
+mod drain_selector;
 #[path = "e2e/faults_api.rs"]
 mod faults_api;
 #[path = "e2e/faults_blackhole.rs"]

@@ -29,7 +29,7 @@ const DRIVER: &str = "drain.example.com";
 const TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Background tasks of the test, stopped with it (also when it fails).
-struct Background(Vec<tokio::task::JoinHandle<()>>);
+pub struct Background(pub Vec<tokio::task::JoinHandle<()>>);
 
 impl Drop for Background {
     fn drop(&mut self) {
@@ -61,7 +61,7 @@ async fn available_on(pods: &Api<Pod>) -> anyhow::Result<Vec<String>> {
 /// What a kubelet does for the fake nodes, until `stop`: a pod placed on a
 /// node is reported Running and Ready; a pod being deleted is confirmed
 /// gone (its containers stopped at once).
-fn stand_in_kubelet(pods: Api<Pod>, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+pub fn stand_in_kubelet(pods: Api<Pod>, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         while !stop.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(200)).await;

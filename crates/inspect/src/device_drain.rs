@@ -17,7 +17,11 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+use crate::report::DeviceRef;
 use dra_model::device_taints::{EVICTION_API_ANNOTATION, GRACE_PERIOD_ANNOTATION, RulesVersion};
+
+mod selected;
+pub(crate) use selected::{SelectedEviction, selected_eviction};
 
 /// The label every rule of a drain carries: the node (or, when the name
 /// does not fit a label value, a hash of it).
@@ -81,7 +85,7 @@ pub(crate) fn node_label(node: &str) -> String {
     }
 }
 
-fn rule_name(node: &str, key: &str) -> String {
+pub(crate) fn rule_name(node: &str, key: &str) -> String {
     let prefix: String = node.chars().take(200).collect();
     let prefix = prefix.trim_end_matches(['.', '-']);
     format!("dra-drain-{prefix}-{:08x}", fnv(key) as u32)
@@ -118,6 +122,25 @@ fn pools_on_node(
         }
     }
     pools
+}
+
+/// This node's devices (of `driver`, when given), as [`plan_rules`] drains
+/// them.
+pub(crate) fn node_devices(
+    node: &str,
+    driver: Option<&str>,
+    slices: &[ResourceSlice],
+) -> Vec<DeviceRef> {
+    pools_on_node(node, driver, slices)
+        .into_iter()
+        .flat_map(|((driver, pool), on_node)| {
+            on_node.devices.into_iter().map(move |device| DeviceRef {
+                driver: driver.clone(),
+                pool: pool.clone(),
+                device,
+            })
+        })
+        .collect()
 }
 
 /// The rules that select exactly the node's devices (of `driver`, when
@@ -286,19 +309,25 @@ pub(crate) async fn ensure_rules(
 }
 
 /// The change that cordons a rule: a preview (`None`) becomes `NoSchedule`;
-/// `None` when it cordons or evicts already.
-pub(crate) fn cordon_patch(rule: &DynamicObject) -> Option<Value> {
-    (effect(rule) == "None").then(|| json!({"spec": {"taint": {"effect": "NoSchedule"}}}))
+/// so does one that evicts when `only_cordon` (a drain with
+/// `--pod-selector` evicts through rules of its own); `None` when it is
+/// as wanted already.
+pub(crate) fn cordon_patch(rule: &DynamicObject, only_cordon: bool) -> Option<Value> {
+    let effect = effect(rule);
+    (effect == "None" || (only_cordon && effect == "NoExecute"))
+        .then(|| json!({"spec": {"taint": {"effect": "NoSchedule"}}}))
 }
 
 /// Cordons every rule still a preview (left by an earlier `--dry-run` or
-/// an older drain).
+/// an older drain), and with `only_cordon` every rule that evicts.
 pub(crate) async fn cordon(
     client: &kube::Client,
     version: RulesVersion,
     rules: &[DynamicObject],
+    only_cordon: bool,
 ) -> Result<(), String> {
-    patch_rules(client, version, rules, cordon_patch, "NoSchedule").await
+    let patch_of = |rule: &DynamicObject| cordon_patch(rule, only_cordon);
+    patch_rules(client, version, rules, patch_of, "NoSchedule").await
 }
 
 /// Writes to each rule the change `patch_of` asks for (none: left alone);

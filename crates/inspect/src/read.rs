@@ -231,6 +231,36 @@ impl Reader {
         list_all(&api, params, what).await
     }
 
+    /// The UIDs of the pods, in every namespace, that the label `selector`
+    /// selects (the API server parses it, as for `kubectl drain
+    /// --pod-selector`).
+    async fn selected_pods(&self, selector: &str) -> Result<BTreeSet<String>, ReadError> {
+        let api: Api<PodView> = Api::all(self.client.clone());
+        let scope = format!(" selected by {selector:?}");
+        let what = What {
+            verb: "list",
+            resource: "pods",
+            scope: &scope,
+        };
+        let pods = list_all(&api, ListParams::default().labels(selector), what).await?;
+        Ok(pods.iter().map(|p| p.uid().to_string()).collect())
+    }
+
+    /// [`Reader::for_node`], with the pods `selector` selects read just
+    /// before and just after it: a selected pod that went (or came) while
+    /// the node was read is still known as selected.
+    pub(crate) async fn for_node_selected(
+        &self,
+        scope: DrainScope<'_>,
+        now: Timestamp,
+        selector: &str,
+    ) -> Result<(Snapshot, BTreeSet<String>), ReadError> {
+        let mut selected = self.selected_pods(selector).await?;
+        let snapshot = self.for_node(scope, now).await?;
+        selected.extend(self.selected_pods(selector).await?);
+        Ok((snapshot, selected))
+    }
+
     async fn slices(&self) -> Result<Vec<ResourceSlice>, ReadError> {
         let api: Api<ResourceSlice> = Api::all(self.client.clone());
         let what = What {

@@ -4,13 +4,21 @@
 //! `NoExecute` and waits, as `drain-check --wait`, until no pod uses the
 //! devices; past `--timeout` it says what holds the node, budgets included.
 //! `--dry-run` makes `None` rules, prints what they would evict, and
-//! removes the rules it made.
+//! removes the rules it made. `--pod-selector` keeps the cordon rules
+//! `NoSchedule` and evicts through one rule per device that no unselected
+//! pod uses (`device_drain/selected.rs`).
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::jiff::Timestamp;
 
 use super::{DrainArgs, DrainCheckArgs, connect, drain_check};
 use crate::device_drain::{
-    Created, PlannedRule, all_slices, budget_holds, cordon, delete_rules, ensure_rules, evict,
-    plan_rules, previews, prune_rules, rules_of, rules_version,
+    Created, PlannedRule, SelectedEviction, all_slices, budget_holds, cordon, delete_rules,
+    ensure_rules, evict, node_devices, plan_rules, previews, prune_rules, rules_of, rules_version,
+    selected_eviction,
 };
+use crate::drain::{DrainScope, check};
+use crate::read::Reader;
 use crate::report::exit;
 use dra_model::device_taints::RulesVersion;
 
@@ -40,20 +48,43 @@ pub(super) async fn run(args: DrainArgs) -> u8 {
         );
     }
     if args.dry_run {
-        return dry_run(&client, version, &args, &planned).await;
+        let previewed = match &args.pod_selector {
+            Some(selector) => match select(&client, &args, selector, &slices).await {
+                Ok(selected) => {
+                    say_kept(&selected);
+                    selected.rules
+                }
+                Err(e) => return failed(e),
+            },
+            None => planned,
+        };
+        return dry_run(&client, version, &args, &previewed).await;
     }
     let rules = match ensure_rules(&client, version, node, &planned, Created::Cordoned).await {
         Ok(ensured) => ensured.rules,
         Err(e) => return failed(e),
     };
-    if let Err(e) = cordon(&client, version, &rules).await {
+    let only_cordon = args.pod_selector.is_some();
+    if let Err(e) = cordon(&client, version, &rules, only_cordon).await {
         return failed(e);
     }
+    // With --pod-selector, what it leaves: read once the devices are
+    // cordoned, so that no new pod can change it.
+    let selected = match &args.pod_selector {
+        Some(selector) => match select(&client, &args, selector, &slices).await {
+            Ok(selected) => Some(selected),
+            Err(e) => return failed(e),
+        },
+        None => None,
+    };
+    let mut wanted = planned.clone();
+    wanted.extend(selected.iter().flat_map(|s| s.rules.iter().cloned()));
     // The plan as the node is now, once its rules cordon: a rule it no
     // longer has goes when its device left the node or its pool changed
-    // shape; one whose pool is not published now (a driver stopped for the
+    // shape (or a device's unselected pod went, with --pod-selector); one
+    // whose pool is not published now (a driver stopped for the
     // maintenance) stays.
-    match prune_rules(&client, version, node, driver, &planned, &slices).await {
+    match prune_rules(&client, version, node, driver, &wanted, &slices).await {
         Ok(removed) => {
             for name in removed {
                 eprintln!("DeviceTaintRule {name} removed: no longer in node {node}'s plan");
@@ -65,10 +96,20 @@ pub(super) async fn run(args: DrainArgs) -> u8 {
         "node {node} cordoned: {} DeviceTaintRule(s) keep new pods off its devices",
         rules.len()
     );
+    let evicting = match &selected {
+        Some(selected) => {
+            say_kept(selected);
+            match ensure_rules(&client, version, node, &selected.rules, Created::Cordoned).await {
+                Ok(ensured) => ensured.rules,
+                Err(e) => return failed(e),
+            }
+        }
+        None => rules,
+    };
     if let Err(e) = evict(
         &client,
         version,
-        &rules,
+        &evicting,
         args.disable_eviction,
         args.grace_period,
     )
@@ -77,13 +118,14 @@ pub(super) async fn run(args: DrainArgs) -> u8 {
         return failed(e);
     }
     eprintln!(
-        "{} DeviceTaintRule(s) NoExecute on node {node} ({}); waiting until no pod uses its devices",
-        rules.len(),
+        "{} DeviceTaintRule(s) NoExecute on node {node} ({}); waiting until no {}pod uses its devices",
+        evicting.len(),
         if args.disable_eviction {
             "pods deleted, --disable-eviction"
         } else {
             "pods evicted, PodDisruptionBudgets respected"
-        }
+        },
+        if selected.is_some() { "selected " } else { "" }
     );
     let code = drain_check::run(DrainCheckArgs {
         node_name: Some(node.to_string()),
@@ -93,6 +135,7 @@ pub(super) async fn run(args: DrainArgs) -> u8 {
         interval: args.interval,
         strict: false,
         finished_grace: args.finished_grace,
+        pod_selector: args.pod_selector.clone(),
         output: args.output,
         connection: args.connection.clone(),
     })
@@ -106,6 +149,47 @@ pub(super) async fn run(args: DrainArgs) -> u8 {
         }
     }
     code
+}
+
+/// What `--pod-selector` evicts on the node and what it leaves, from a
+/// drain-check of the node whose unselected pods are set apart.
+async fn select(
+    client: &kube::Client,
+    args: &DrainArgs,
+    selector: &str,
+    slices: &[ResourceSlice],
+) -> Result<SelectedEviction, String> {
+    let (node, driver) = (args.node.as_str(), args.driver.as_deref());
+    let reader = Reader::new(client.clone());
+    let scope = DrainScope {
+        finished_grace: args.finished_grace.0,
+        ..DrainScope::new(node, driver)
+    };
+    let now = Timestamp::now();
+    let (snapshot, selected) = reader
+        .for_node_selected(scope, now, selector)
+        .await
+        .map_err(|e| format!("--pod-selector {selector:?}: {e}"))?;
+    let report = check(&snapshot, scope, now).keep_unselected(&selected);
+    Ok(selected_eviction(
+        node,
+        &node_devices(node, driver, slices),
+        &report.kept,
+    ))
+}
+
+/// Says which devices `--pod-selector` leaves in use, and by whom.
+fn say_kept(selected: &SelectedEviction) {
+    for (device, pods) in &selected.kept {
+        let pods: Vec<&str> = pods.iter().map(String::as_str).collect();
+        eprintln!(
+            "kept: device {}/{}/{} stays in use by {} (not selected by --pod-selector); its rule only cordons",
+            device.driver,
+            device.pool,
+            device.device,
+            pods.join(", ")
+        );
+    }
 }
 
 fn failed(e: String) -> u8 {

@@ -63,21 +63,29 @@ pub(super) async fn run(args: DrainCheckArgs) -> u8 {
     loop {
         let out_of_time = deadline.is_none_or(|d| Instant::now() >= d);
         let now = Timestamp::now();
-        let read = match within(
-            &args.connection.request_timeout,
-            reader.for_node(scope, now),
-        )
+        let read = match within(&args.connection.request_timeout, async {
+            match &args.pod_selector {
+                Some(selector) => reader
+                    .for_node_selected(scope, now, selector)
+                    .await
+                    .map(|(snapshot, selected)| (snapshot, Some(selected))),
+                None => reader.for_node(scope, now).await.map(|s| (s, None)),
+            }
+        })
         .await
         {
             Ok(read) => read,
             Err(late) => return incomplete(late),
         };
         match read {
-            Ok(snapshot) => {
+            Ok((snapshot, selected)) => {
                 if let Some(unknown) = unknown_target(&snapshot, scope) {
                     return incomplete(unknown);
                 }
-                let report = check(&snapshot, scope, now);
+                let mut report = check(&snapshot, scope, now);
+                if let Some(selected) = &selected {
+                    report = report.keep_unselected(selected);
+                }
                 let code = report.verdict.exit_code(args.strict);
                 let warnings_final = !args.strict && report.blocking.is_empty() && {
                     let keys = warning_keys(&report.warnings);

@@ -84,6 +84,9 @@ pub struct DrainArgs {
     /// Seconds each pod is given to terminate (kubectl drain's flag); negative, or not given: the pod's own terminationGracePeriodSeconds.
     #[arg(long, allow_hyphen_values = true)]
     pub grace_period: Option<i64>,
+    /// Only evict the pods this label selector selects (kubectl drain's flag): the devices of the others stay cordoned, their pods running; drain ends once no selected pod uses the node's devices. Run again without it to drain the rest.
+    #[arg(long)]
+    pub pod_selector: Option<String>,
     /// How long to wait for the preview's figures.
     #[arg(long, default_value = "30s")]
     pub preview_timeout: FlagDuration,
@@ -215,6 +218,9 @@ pub struct DrainCheckArgs {
     /// A pod on the node whose containers finished less than this ago still blocks: the kubelet unprepares devices while cleaning the pod up.
     #[arg(long, default_value_t = FlagDuration(DEFAULT_FINISHED_GRACE))]
     pub finished_grace: FlagDuration,
+    /// Only pods this label selector selects block (kubectl drain's flag); the others are listed as kept.
+    #[arg(long)]
+    pub pod_selector: Option<String>,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
     #[command(flatten)]

@@ -153,13 +153,25 @@ fn the_grace_period_rides_on_the_rule() {
 /// cordons or evicts already.
 #[test]
 fn cordon_turns_only_previews() {
-    let patch = cordon_patch(&drain_rule("r", "n", "d", "None", json!({}))).unwrap();
-    assert_eq!(patch["spec"]["taint"]["effect"], "NoSchedule");
-    for effect in ["NoSchedule", "NoExecute"] {
+    // (effect now, --pod-selector given, effect written: None = nothing)
+    let rows = [
+        ("None", false, Some("NoSchedule")),
+        ("NoSchedule", false, None),
+        ("NoExecute", false, None),
+        ("None", true, Some("NoSchedule")),
+        ("NoSchedule", true, None),
+        // With --pod-selector the eviction has rules of its own: a rule
+        // an earlier, unselective drain turned NoExecute only cordons.
+        ("NoExecute", true, Some("NoSchedule")),
+    ];
+    for (effect, only_cordon, want) in rows {
+        let patch = cordon_patch(&drain_rule("r", "n", "d", effect, json!({})), only_cordon);
         assert_eq!(
-            cordon_patch(&drain_rule("r", "n", "d", effect, json!({}))),
-            None,
-            "{effect}"
+            patch
+                .as_ref()
+                .map(|p| p["spec"]["taint"]["effect"].as_str().unwrap()),
+            want,
+            "{effect}, only_cordon {only_cordon}"
         );
     }
 }

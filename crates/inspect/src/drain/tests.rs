@@ -320,3 +320,75 @@ fn driver_filter_and_lookups() {
     );
     assert!(pods_to_look_up(&s, other).is_empty());
 }
+
+/// `--pod-selector`: of two pods on the node's devices, only the selected
+/// one blocks; the other is kept, and its device gets no eviction rule
+/// while the node's other devices (the free one included) get one each.
+#[test]
+fn a_pod_selector_evicts_only_the_devices_of_selected_pods() {
+    let device_claim = |name: &str, device: &str, pod: (&str, &str)| {
+        let mut c = serde_json::to_value(claim(name, "gpu-1", &[pod], Some(NODE))).unwrap();
+        c["status"]["allocation"]["devices"]["results"][0]["device"] = json!(device);
+        serde_json::from_value::<ResourceClaim>(c).unwrap()
+    };
+    let s = snapshot(
+        vec![
+            device_claim("web", "d0", ("web", "u-web")),
+            device_claim("db", "d1", ("db", "u-db")),
+        ],
+        vec![
+            pod("web", "u-web", Some(NODE), "Running"),
+            pod("db", "u-db", Some(NODE), "Running"),
+        ],
+    );
+    let now = "2026-11-23T12:00:00Z".parse().unwrap();
+    let report = check(&s, DrainScope::new(NODE, None), now);
+    assert_eq!(report.verdict, Verdict::Blocked);
+
+    let selected = BTreeSet::from(["u-web".to_string()]);
+    let report = report.keep_unselected(&selected);
+    let subjects = |findings: &[crate::report::Finding]| -> Vec<String> {
+        findings
+            .iter()
+            .map(|f| f.subject.as_ref().unwrap().name.clone())
+            .collect()
+    };
+    assert_eq!(subjects(&report.blocking), ["web"]);
+    assert_eq!(subjects(&report.kept), ["db"]);
+    assert_eq!(report.verdict, Verdict::Blocked, "web still blocks");
+    assert!(report.table().contains("KEPT"), "{}", report.table());
+
+    let device = |name: &str| crate::report::DeviceRef {
+        driver: "gpu.example.com".into(),
+        pool: "gpu-1".into(),
+        device: name.into(),
+    };
+    let on_node = [device("d0"), device("d1"), device("d2")];
+    let eviction = crate::device_drain::selected_eviction(NODE, &on_node, &report.kept);
+    let evicted: Vec<_> = eviction
+        .rules
+        .iter()
+        .map(|r| r.device.clone().unwrap())
+        .collect();
+    assert_eq!(evicted, ["d0", "d2"], "db's device d1 is only cordoned");
+    assert_eq!(
+        eviction.kept,
+        std::collections::BTreeMap::from([(device("d1"), BTreeSet::from(["ns/db".to_string()]))])
+    );
+    let cordon_rule_of_d0 = crate::device_drain::rule_name(NODE, "gpu.example.com/gpu-1/d0");
+    assert!(eviction.rules.iter().all(|r| r.name != cordon_rule_of_d0));
+
+    // web gone: nothing selected blocks, the verdict is Clean, db kept.
+    let s = snapshot(
+        vec![device_claim("db", "d1", ("db", "u-db"))],
+        vec![pod("db", "u-db", Some(NODE), "Running")],
+    );
+    let report = check(&s, DrainScope::new(NODE, None), now).keep_unselected(&selected);
+    assert_eq!(report.verdict, Verdict::Clean);
+    assert_eq!(subjects(&report.kept), ["db"]);
+    assert!(
+        report.table().contains("the driver must stay for them"),
+        "{}",
+        report.table()
+    );
+}

@@ -1,5 +1,6 @@
 //! The `drain-check` document: one node's findings and their verdict.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -24,6 +25,10 @@ pub(crate) struct DrainCheckReport {
     /// Headroom placeholders holding devices on the node: listed, never
     /// blocking (see [`Finding::placeholder`]).
     pub placeholders: Vec<Finding>,
+    /// Pods `--pod-selector` leaves on the node, with the devices they keep
+    /// in use: listed, never blocking (`kubectl drain --pod-selector`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<Finding>,
     /// Why the check could not be completed (verdict `Incomplete`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -42,6 +47,7 @@ impl DrainCheckReport {
             blocking: Vec::new(),
             warnings: Vec::new(),
             placeholders: Vec::new(),
+            kept: Vec::new(),
             error: None,
             notes: vec![FORCE_DELETE_CAVEAT.to_string()],
         }
@@ -64,6 +70,23 @@ impl DrainCheckReport {
     pub(crate) fn conclude(mut self) -> Self {
         self.verdict = Verdict::of(self.blocking.len(), self.warnings.len());
         self
+    }
+
+    /// Only the pods `selected` (their UIDs) block or go as placeholders;
+    /// the others' findings move to `kept`, and the verdict is taken again.
+    pub(crate) fn keep_unselected(mut self, selected: &BTreeSet<String>) -> Self {
+        let is_selected = |f: &Finding| {
+            f.subject
+                .as_ref()
+                .is_some_and(|s| selected.contains(&s.uid))
+        };
+        for list in [&mut self.blocking, &mut self.placeholders] {
+            let (stay, kept): (Vec<Finding>, Vec<Finding>) =
+                std::mem::take(list).into_iter().partition(is_selected);
+            *list = stay;
+            self.kept.extend(kept);
+        }
+        self.conclude()
     }
 
     pub(crate) fn table(&self) -> String {
@@ -110,8 +133,19 @@ impl DrainCheckReport {
             out.push_str(&findings_table(&self.placeholders, false, wide));
             out.push('\n');
         }
+        if !self.kept.is_empty() {
+            let _ = writeln!(out, "KEPT: not selected by --pod-selector, never blocking");
+            out.push_str(&findings_table(&self.kept, false, wide));
+            out.push('\n');
+        }
         let _ = match self.verdict {
             Verdict::Incomplete => Ok(()),
+            Verdict::Clean if !self.kept.is_empty() => writeln!(
+                out,
+                "Clean for the selected pods: {} pod(s) not selected by --pod-selector still use \
+                 devices on {scope}; the driver must stay for them.",
+                self.kept.len()
+            ),
             Verdict::Clean if !self.placeholders.is_empty() => writeln!(
                 out,
                 "Clean: only {} headroom placeholder claim(s) hold devices on {scope}; evict them \
