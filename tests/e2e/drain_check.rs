@@ -72,7 +72,7 @@ fn binary(name: &str) -> PathBuf {
     }
 }
 
-fn command(bin: &str, kubeconfig: &Path, args: &[&str]) -> tokio::process::Command {
+pub fn command(bin: &str, kubeconfig: &Path, args: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(binary(bin));
     cmd.args(args)
         .arg("--kubeconfig")

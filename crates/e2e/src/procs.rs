@@ -290,3 +290,15 @@ pub fn cleanup_on_exit(pids: &[u32], dirs: &[PathBuf]) {
     state.0.extend_from_slice(pids);
     state.1.extend_from_slice(dirs);
 }
+
+/// Sends `signal` (e.g. `libc::SIGINT`) to a child the test started and
+/// has not waited for yet (a `tokio::process::Child` before its `wait`).
+pub fn signal_child(child: &tokio::process::Child, signal: libc::c_int) {
+    if let Some(pid) = child.id() {
+        // SAFETY: plain kill(2) on a child not reaped yet, so the pid cannot
+        // have been reused.
+        unsafe {
+            libc::kill(pid as libc::pid_t, signal);
+        }
+    }
+}

@@ -198,8 +198,10 @@ fn failed(e: String) -> u8 {
 }
 
 /// `--dry-run`: the plan's rules as previews (`None`), what each says it
-/// would evict, then the rules this run made removed again. Rules a drain
-/// made already are left as they are.
+/// would evict, then the node's preview rules removed again: those this
+/// run made and those an interrupted dry run left (a drain's own rules
+/// cordon or evict, and stay). Interrupted itself (Ctrl-C, SIGTERM) while
+/// it waits, it removes the rules it made before it ends.
 async fn dry_run(
     client: &kube::Client,
     version: RulesVersion,
@@ -217,7 +219,25 @@ async fn dry_run(
         .filter(|r| r.data["spec"]["taint"]["effect"] == "None")
         .filter_map(|r| r.metadata.name.clone())
         .collect();
-    for (name, said) in previews(client, version, &previewing, args.preview_timeout.0).await {
+    let waited = tokio::select! {
+        said = previews(client, version, &previewing, args.preview_timeout.0) => Some(said),
+        () = interrupted() => None,
+    };
+    let Some(said) = waited else {
+        return match delete_rules(client, version, &ensured.created).await {
+            Ok(_) => {
+                eprintln!(
+                    "dry run interrupted: nothing evicted, the preview rules it made removed"
+                );
+                exit::INCOMPLETE
+            }
+            Err(e) => failed(format!(
+                "dry run interrupted, and its preview rules (effect None, evicting nobody) not removed: {e}; \
+                 `uncordon {node}` removes them"
+            )),
+        };
+    };
+    for (name, said) in said {
         match said {
             Some(message) => eprintln!("preview {name}: {message}"),
             None => eprintln!(
@@ -232,9 +252,30 @@ async fn dry_run(
             ensured.rules.len()
         );
     }
-    if let Err(e) = delete_rules(client, version, &ensured.created).await {
+    if let Err(e) = delete_rules(client, version, &previewing).await {
         return failed(e);
     }
     eprintln!("dry run: nothing evicted, the preview rules removed; run `drain {node}` to drain");
     exit::CLEAN
+}
+
+/// Resolves when the process is asked to stop: Ctrl-C (SIGINT) or SIGTERM.
+#[cfg(unix)]
+async fn interrupted() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut terminate) = signal(SignalKind::terminate()) else {
+        // Without a SIGTERM handler, Ctrl-C still counts.
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+}
+
+/// Resolves when the process is asked to stop: Ctrl-C.
+#[cfg(not(unix))]
+async fn interrupted() {
+    let _ = tokio::signal::ctrl_c().await;
 }
