@@ -22,7 +22,7 @@ use super::budgets::{
     BLOCKED_EVENT_REASON, grace_period, refusing_budget, respects_budgets, retry_after,
     through_eviction_api,
 };
-use super::tracking::{Blocked, Pending};
+use super::tracking::{Blocked, Paced, Pending};
 use super::{Controller, Item, RULE_BLOCKED, RULE_EVICTED, RULE_RECHECK};
 use crate::model::device_taints::grace_period_of;
 use crate::model::views::DisruptionTargetSeen;
@@ -101,22 +101,30 @@ impl Controller {
             return Ok(Action::Done);
         }
         let rules = pending.rules();
-        if let Some(wait) = self.paced(&rules) {
-            self.tracking
-                .lock()
-                .unwrap()
-                .paced_since
-                .entry(key.to_string())
-                .or_insert_with(Instant::now);
-            return Ok(Action::RecheckAfter(wait.max(Duration::from_millis(10))));
+        // Its slot under the pacing: taken once, then waited for.
+        let (since, slot) = {
+            let mut tracking = self.tracking.lock().unwrap();
+            match tracking.paced.get(key) {
+                Some(paced) => (paced.since, paced.slot),
+                None => {
+                    let slot = self.pace(&rules);
+                    let paced = Paced {
+                        since: Instant::now(),
+                        slot,
+                    };
+                    tracking.paced.insert(key.to_string(), paced);
+                    (paced.since, slot)
+                }
+            }
+        };
+        let until_slot = slot.saturating_duration_since(Instant::now());
+        if !until_slot.is_zero() {
+            return Ok(Action::RecheckAfter(
+                until_slot.max(Duration::from_millis(10)),
+            ));
         }
-        let waited = self
-            .tracking
-            .lock()
-            .unwrap()
-            .paced_since
-            .remove(key)
-            .map_or(0.0, |since| since.elapsed().as_secs_f64());
+        self.tracking.lock().unwrap().paced.remove(key);
+        let waited = since.elapsed().as_secs_f64();
         self.metrics.paced(waited);
         let (namespace, name) = key.split_once('/').unwrap_or(("", key));
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);

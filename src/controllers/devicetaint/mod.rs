@@ -24,16 +24,15 @@ mod budgets;
 pub mod decide;
 mod evict;
 mod metrics;
+mod pacing;
 mod rule_status;
 mod rule_sync;
 mod tracking;
 mod watches;
 
-use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tracing::{Span, info, info_span};
 
 use crate::model::device_taints::RulesVersion;
@@ -48,6 +47,7 @@ use crate::runtime::store::{RecentSet, Store};
 use crate::shared::Shared;
 use crate::watches::devices::Kinds;
 use metrics::EvictionMetrics;
+use pacing::Pacing;
 use tracking::Tracking;
 
 /// kube-controller-manager's name for it: the workqueue's `name`, the
@@ -158,25 +158,16 @@ pub struct Controller {
     /// Items are queued only while leading.
     queue: Queue<Item, &'static str>,
     reachability: Arc<Reachability>,
-    overall: Option<DefaultDirectRateLimiter>,
-    per_rule: Option<DefaultKeyedRateLimiter<String>>,
-}
-
-/// A limiter of `rate` per second (fractions allowed) with a burst of one
-/// second's worth; `None` for 0.
-fn quota(rate: f64) -> Option<Quota> {
-    if rate.is_nan() || rate <= 0.0 || !rate.is_finite() {
-        return None;
-    }
-    let burst = NonZeroU32::new(rate.ceil().min(u32::MAX as f64) as u32).unwrap_or(NonZeroU32::MIN);
-    Quota::with_period(Duration::from_secs_f64(1.0 / rate)).map(|q| q.allow_burst(burst))
+    pacing: Mutex<Pacing>,
 }
 
 impl Controller {
     fn new(shared: &Shared, settings: Settings, stores: Stores) -> anyhow::Result<Arc<Self>> {
         let (client, registry) = (shared.client.clone(), &shared.registry);
-        let overall = quota(settings.evictions_per_second).map(RateLimiter::direct);
-        let per_rule = quota(settings.evictions_per_rule_per_second).map(RateLimiter::keyed);
+        let pacing = Pacing::new(
+            settings.evictions_per_second,
+            settings.evictions_per_rule_per_second,
+        );
         Ok(Arc::new(Controller {
             events: Arc::new(EventRecorder::new(
                 client.clone(),
@@ -193,8 +184,7 @@ impl Controller {
             evicted: RecentSet::new(EVICTED_REMEMBERED),
             queue: Queue::new(CONTROLLER_NAME, Some(registry)),
             reachability: shared.reachability.clone(),
-            overall,
-            per_rule,
+            pacing: Mutex::new(pacing),
         }))
     }
 
@@ -209,25 +199,10 @@ impl Controller {
         self.queue.is_leading()
     }
 
-    /// Whether this eviction may go now under the pacing flags (each rule
-    /// among its reasons, then overall); if not, how long until it may be
-    /// tried again. A worker never waits: the key is queued again.
-    fn paced(&self, rules: &[String]) -> Option<Duration> {
-        use governor::clock::{Clock, DefaultClock};
-        let now = DefaultClock::default().now();
-        if let Some(per_rule) = &self.per_rule {
-            for rule in rules {
-                if let Err(not_until) = per_rule.check_key(rule) {
-                    return Some(not_until.wait_time_from(now));
-                }
-            }
-        }
-        if let Some(overall) = &self.overall
-            && let Err(not_until) = overall.check()
-        {
-            return Some(not_until.wait_time_from(now));
-        }
-        None
+    /// The time this eviction of `rules` may go under the pacing flags
+    /// (each rule among its reasons, then overall), taken for it.
+    fn pace(&self, rules: &[String]) -> Instant {
+        self.pacing.lock().unwrap().reserve(rules, Instant::now())
     }
 }
 

@@ -69,6 +69,15 @@ pub(crate) struct Blocked {
     pub refusals: u32,
 }
 
+/// An eviction due and its slot under the pacing.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Paced {
+    /// When it was due and asked for its slot (for the wait metric).
+    pub since: std::time::Instant,
+    /// When it may go.
+    pub slot: std::time::Instant,
+}
+
 #[derive(Default)]
 pub(crate) struct Tracking {
     /// Pods a budget holds, by pod key (evictions through the Eviction API).
@@ -78,9 +87,8 @@ pub(crate) struct Tracking {
     pub held: BTreeMap<String, Held>,
     /// Pods evicted since this replica started leading, by rule UID.
     pub evicted_by_rule: HashMap<String, u64>,
-    /// When an eviction due now was first held back by the pacing (for the
-    /// wait metric), by pod key.
-    pub paced_since: HashMap<String, std::time::Instant>,
+    /// The pacing slot of each eviction due, by pod key, until it goes.
+    pub paced: HashMap<String, Paced>,
     /// When this process first saw each rule's generation, by rule UID
     /// (a `None` rule's preview waits for the other watches from then).
     pub rule_seen: HashMap<String, (Option<i64>, std::time::Instant)>,
@@ -348,7 +356,7 @@ impl Controller {
                 self.schedule(key, &pending);
             }
             None => {
-                tracking.paced_since.remove(key);
+                tracking.paced.remove(key);
                 let Some(before) = tracking.pending.remove(key) else {
                     return;
                 };
@@ -399,7 +407,7 @@ impl Controller {
         let mut tracking = self.tracking.lock().unwrap();
         if tracking.pending.get(key).is_some_and(|p| p.uid == uid) {
             tracking.pending.remove(key);
-            tracking.paced_since.remove(key);
+            tracking.paced.remove(key);
         }
         if tracking.blocked.get(key).is_some_and(|b| b.uid == uid) {
             tracking.blocked.remove(key);
