@@ -107,13 +107,14 @@ impl Controller {
             match tracking.paced.get(key) {
                 Some(paced) => (paced.since, paced.slot),
                 None => {
-                    let slot = self.pace(&rules);
+                    let (since, slot) = (Instant::now(), self.pace(&rules));
                     let paced = Paced {
-                        since: Instant::now(),
+                        since,
                         slot,
+                        rules: rules.clone(),
                     };
                     tracking.paced.insert(key.to_string(), paced);
-                    (paced.since, slot)
+                    (since, slot)
                 }
             }
         };

@@ -204,6 +204,11 @@ impl Controller {
     fn pace(&self, rules: &[String]) -> Instant {
         self.pacing.lock().unwrap().reserve(rules, Instant::now())
     }
+
+    /// A slot [`Controller::pace`] gave that will not be used.
+    fn give_back_slot(&self, rules: &[String], slot: Instant, now: Instant) {
+        self.pacing.lock().unwrap().give_back(rules, slot, now);
+    }
 }
 
 impl Reconciler for Controller {

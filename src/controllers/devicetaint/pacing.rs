@@ -59,6 +59,14 @@ impl Pace {
         self.due = Some(from + self.interval);
     }
 
+    /// A slot taken but not used: the schedule moves back by one, so that
+    /// the next asks get it (only while it runs ahead of `now`).
+    fn give_back(&mut self, now: Instant) {
+        if let Some(due) = self.due.filter(|due| *due > now) {
+            self.due = Some(due.checked_sub(self.interval).map_or(now, |d| d.max(now)));
+        }
+    }
+
     /// Back at a full burst: as good as new.
     fn idle(&self, now: Instant) -> bool {
         self.due.is_none_or(|due| due <= now)
@@ -107,6 +115,24 @@ impl Pacing {
             pace.take(slot);
         }
         slot
+    }
+
+    /// An eviction of `rules` that will not use its `slot` (cancelled, the
+    /// pod gone): a slot still ahead is given back to every limiter it was
+    /// taken from, so that evictions cancelled in their hundreds do not
+    /// hold back those that come next.
+    pub(crate) fn give_back(&mut self, rules: &[String], slot: Instant, now: Instant) {
+        if slot <= now {
+            return;
+        }
+        if let Some(pace) = &mut self.overall {
+            pace.give_back(now);
+        }
+        for rule in rules {
+            if let Some(pace) = self.rules.get_mut(rule) {
+                pace.give_back(now);
+            }
+        }
     }
 }
 
@@ -217,6 +243,35 @@ mod tests {
         assert_eq!(got[9], Duration::ZERO);
         assert_eq!(got[10], Duration::from_millis(100));
         assert_eq!(got[999], Duration::from_millis(99_000));
+    }
+
+    /// Slots given back (evictions cancelled while they waited) go to the
+    /// next to ask, for the overall limiter and the rule's alike.
+    #[test]
+    fn slots_given_back_go_to_the_next() {
+        let start = Instant::now();
+        let mut pacing = Pacing::new(1.0, 1.0);
+        let a = rules(&["a"]);
+        let taken: Vec<Instant> = (0..4).map(|_| pacing.reserve(&a, start)).collect();
+        assert_eq!(taken[3] - start, Duration::from_secs(3));
+        // The last two cancelled at 0.5 s; one used slot (0 s) is not
+        // given back.
+        let at = start + Duration::from_millis(500);
+        pacing.give_back(&a, taken[0], at);
+        pacing.give_back(&a, taken[3], at);
+        pacing.give_back(&a, taken[2], at);
+        let next = pacing.reserve(&a, at);
+        assert_eq!(
+            next - start,
+            Duration::from_secs(2),
+            "right after the one still held"
+        );
+        let other = pacing.reserve(&rules(&["b"]), at);
+        assert_eq!(
+            other - start,
+            Duration::from_secs(3),
+            "the overall limiter's next"
+        );
     }
 
     /// Limiters of rules long idle are forgotten; busy ones are kept.

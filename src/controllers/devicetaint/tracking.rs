@@ -70,12 +70,14 @@ pub(crate) struct Blocked {
 }
 
 /// An eviction due and its slot under the pacing.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Paced {
     /// When it was due and asked for its slot (for the wait metric).
     pub since: std::time::Instant,
     /// When it may go.
     pub slot: std::time::Instant,
+    /// The rules it took the slot from.
+    pub rules: Vec<String>,
 }
 
 #[derive(Default)]
@@ -356,11 +358,12 @@ impl Controller {
                 self.schedule(key, &pending);
             }
             None => {
-                tracking.paced.remove(key);
+                let paced = tracking.paced.remove(key);
                 let Some(before) = tracking.pending.remove(key) else {
                     return;
                 };
                 drop(tracking);
+                self.unpace(paced);
                 // A deleted (or deleting) pod is cancelled without a word,
                 // as upstream.
                 if let Some(pod) = pod.filter(|p| p.uid() == before.uid && !p.is_deleting()) {
@@ -405,12 +408,23 @@ impl Controller {
     /// (not that of a pod under the same name with another UID).
     pub(crate) fn forget_pod(&self, key: &str, uid: &str) {
         let mut tracking = self.tracking.lock().unwrap();
+        let mut paced = None;
         if tracking.pending.get(key).is_some_and(|p| p.uid == uid) {
             tracking.pending.remove(key);
-            tracking.paced.remove(key);
+            paced = tracking.paced.remove(key);
         }
         if tracking.blocked.get(key).is_some_and(|b| b.uid == uid) {
             tracking.blocked.remove(key);
+        }
+        drop(tracking);
+        self.unpace(paced);
+    }
+
+    /// An eviction that will not use its pacing slot gives it back.
+    fn unpace(&self, paced: Option<Paced>) {
+        if let Some(paced) = paced {
+            let now = std::time::Instant::now();
+            self.give_back_slot(&paced.rules, paced.slot, now);
         }
     }
 
