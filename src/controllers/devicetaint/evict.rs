@@ -104,6 +104,11 @@ impl Controller {
         // Its slot under the pacing: taken once, then waited for.
         let (since, slot) = {
             let mut tracking = self.tracking.lock().unwrap();
+            // Decided again while unlocked (cancelled, other reasons): that
+            // decision has queued what is needed; no slot for this one.
+            if tracking.pending.get(key) != Some(&pending) {
+                return Ok(Action::Done);
+            }
             match tracking.paced.get(key) {
                 Some(paced) => (paced.since, paced.slot),
                 None => {

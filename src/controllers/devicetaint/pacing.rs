@@ -120,7 +120,10 @@ impl Pacing {
     /// An eviction of `rules` that will not use its `slot` (cancelled, the
     /// pod gone): a slot still ahead is given back to every limiter it was
     /// taken from, so that evictions cancelled in their hundreds do not
-    /// hold back those that come next.
+    /// hold back those that come next. The schedule moves back by one slot
+    /// whichever slot it was: one given back from the middle of the line
+    /// goes to the next to ask at the time of the line's last, so two may
+    /// go together there; over the line as a whole the rate holds.
     pub(crate) fn give_back(&mut self, rules: &[String], slot: Instant, now: Instant) {
         if slot <= now {
             return;

@@ -354,7 +354,11 @@ impl Controller {
             Some(pending) if before.as_ref() == Some(&pending) => {}
             Some(pending) => {
                 tracking.pending.insert(key.to_string(), pending.clone());
+                // Its reasons (or pod) changed: a slot taken under the old
+                // ones is given back; the new eviction takes its own.
+                let paced = tracking.paced.remove(key);
                 drop(tracking);
+                self.unpace(paced);
                 self.schedule(key, &pending);
             }
             None => {

@@ -141,11 +141,15 @@ pub(super) async fn run(args: DrainArgs) -> u8 {
     })
     .await;
     if code != exit::CLEAN {
-        // What the report cannot see: the budgets holding the evictions.
+        // What the report cannot see: the budgets holding the evictions,
+        // the selected pods no rule of this drain evicts.
         if let Ok(rules) = rules_of(&client, version, node, driver).await {
             for hold in budget_holds(&rules) {
                 eprintln!("held: {hold}");
             }
+        }
+        if let Some(selected) = &selected {
+            say_stuck(selected);
         }
     }
     code
@@ -175,19 +179,31 @@ async fn select(
         node,
         &node_devices(node, driver, slices),
         &report.kept,
+        &report.blocking,
     ))
 }
 
-/// Says which devices `--pod-selector` leaves in use, and by whom.
+/// Says which devices `--pod-selector` leaves in use, and by whom, and
+/// which selected pods it cannot evict.
 fn say_kept(selected: &SelectedEviction) {
     for (device, pods) in &selected.kept {
         let pods: Vec<&str> = pods.iter().map(String::as_str).collect();
         eprintln!(
-            "kept: device {}/{}/{} stays in use by {} (not selected by --pod-selector); its rule only cordons",
-            device.driver,
-            device.pool,
-            device.device,
+            "kept: device {device} stays in use by {} (not selected by --pod-selector); its rule only cordons",
             pods.join(", ")
+        );
+    }
+    say_stuck(selected);
+}
+
+/// The selected pods `--pod-selector` cannot evict, one line each.
+fn say_stuck(selected: &SelectedEviction) {
+    for (pod, devices) in &selected.stuck {
+        let devices: Vec<String> = devices.iter().map(ToString::to_string).collect();
+        eprintln!(
+            "held: pod {pod} is selected but not evicted: its device(s) {} are shared with pods \
+             --pod-selector does not select; drain without the selector, or widen it",
+            devices.join(", ")
         );
     }
 }
@@ -252,7 +268,21 @@ async fn dry_run(
             ensured.rules.len()
         );
     }
-    if let Err(e) = delete_rules(client, version, &previewing).await {
+    // Every preview rule of the node (this plan's or, left by a dry run
+    // killed outright, another's: with or without --pod-selector).
+    let mut removing = previewing;
+    match rules_of(client, version, node, args.driver.as_deref()).await {
+        Ok(rules) => removing.extend(
+            rules
+                .into_iter()
+                .filter(|r| r.data["spec"]["taint"]["effect"] == "None")
+                .filter_map(|r| r.metadata.name),
+        ),
+        Err(e) => return failed(e),
+    }
+    removing.sort();
+    removing.dedup();
+    if let Err(e) = delete_rules(client, version, &removing).await {
         return failed(e);
     }
     eprintln!("dry run: nothing evicted, the preview rules removed; run `drain {node}` to drain");

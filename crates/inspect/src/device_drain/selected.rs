@@ -17,15 +17,19 @@ pub(crate) struct SelectedEviction {
     /// The devices left in use, each with the unselected pods
     /// (`namespace/name`) using it.
     pub kept: BTreeMap<DeviceRef, BTreeSet<String>>,
+    /// Selected pods this drain cannot evict: each of their devices on
+    /// the node is shared with an unselected pod (those devices).
+    pub stuck: BTreeMap<String, BTreeSet<DeviceRef>>,
 }
 
 /// The eviction rules for the node's `devices`, given the findings of the
-/// pods the selector leaves (`kept`, from a drain-check of the node whose
-/// unselected pods were set apart).
+/// pods the selector leaves (`kept`) and of those it selects (`blocking`),
+/// from a drain-check of the node whose unselected pods were set apart.
 pub(crate) fn selected_eviction(
     node: &str,
     devices: &[DeviceRef],
     kept: &[Finding],
+    blocking: &[Finding],
 ) -> SelectedEviction {
     let on_node: BTreeSet<&DeviceRef> = devices.iter().collect();
     let mut out = SelectedEviction::default();
@@ -54,5 +58,24 @@ pub(crate) fn selected_eviction(
             device: Some(d.device.clone()),
         })
         .collect();
+    // A selected pod goes when one of its devices is tainted; with every
+    // device on the node kept, nothing here evicts it.
+    let mut devices_of: BTreeMap<String, BTreeSet<&DeviceRef>> = BTreeMap::new();
+    for finding in blocking {
+        let Some(subject) = &finding.subject else {
+            continue;
+        };
+        let pod = format!("{}/{}", finding.claim.namespace, subject.name);
+        devices_of
+            .entry(pod)
+            .or_default()
+            .extend(finding.devices.iter().filter(|d| on_node.contains(d)));
+    }
+    for (pod, devices) in devices_of {
+        if !devices.is_empty() && devices.iter().all(|d| out.kept.contains_key(*d)) {
+            out.stuck
+                .insert(pod, devices.into_iter().cloned().collect());
+        }
+    }
     out
 }

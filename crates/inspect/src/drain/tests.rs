@@ -364,7 +364,9 @@ fn a_pod_selector_evicts_only_the_devices_of_selected_pods() {
         device: name.into(),
     };
     let on_node = [device("d0"), device("d1"), device("d2")];
-    let eviction = crate::device_drain::selected_eviction(NODE, &on_node, &report.kept);
+    let eviction =
+        crate::device_drain::selected_eviction(NODE, &on_node, &report.kept, &report.blocking);
+    assert!(eviction.stuck.is_empty(), "{:?}", eviction.stuck);
     let evicted: Vec<_> = eviction
         .rules
         .iter()
@@ -377,6 +379,28 @@ fn a_pod_selector_evicts_only_the_devices_of_selected_pods() {
     );
     let cordon_rule_of_d0 = crate::device_drain::rule_name(NODE, "gpu.example.com/gpu-1/d0");
     assert!(eviction.rules.iter().all(|r| r.name != cordon_rule_of_d0));
+
+    // A selected pod sharing its only device with an unselected one: no
+    // rule evicts it, and the drain says so.
+    let shared = snapshot(
+        vec![claim(
+            "shared",
+            "gpu-1",
+            &[("web", "u-web"), ("db", "u-db")],
+            Some(NODE),
+        )],
+        vec![
+            pod("web", "u-web", Some(NODE), "Running"),
+            pod("db", "u-db", Some(NODE), "Running"),
+        ],
+    );
+    let report = check(&shared, DrainScope::new(NODE, None), now).keep_unselected(&selected);
+    let eviction =
+        crate::device_drain::selected_eviction(NODE, &on_node, &report.kept, &report.blocking);
+    assert_eq!(
+        eviction.stuck,
+        std::collections::BTreeMap::from([("ns/web".to_string(), BTreeSet::from([device("d0")]))])
+    );
 
     // web gone: nothing selected blocks, the verdict is Clean, db kept.
     let s = snapshot(
