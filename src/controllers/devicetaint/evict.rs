@@ -109,19 +109,15 @@ impl Controller {
             if tracking.pending.get(key) != Some(&pending) {
                 return Ok(Action::Done);
             }
-            match tracking.paced.get(key) {
-                Some(paced) => (paced.since, paced.slot),
-                None => {
-                    let (since, slot) = (Instant::now(), self.pace(&rules));
-                    let paced = Paced {
-                        since,
-                        slot,
-                        rules: rules.clone(),
-                    };
-                    tracking.paced.insert(key.to_string(), paced);
-                    (since, slot)
-                }
-            }
+            let paced = tracking
+                .paced
+                .entry(key.to_string())
+                .or_insert_with(|| Paced {
+                    since: Instant::now(),
+                    slot: self.pace(&rules),
+                    rules: rules.clone(),
+                });
+            (paced.since, paced.slot)
         };
         let until_slot = slot.saturating_duration_since(Instant::now());
         if !until_slot.is_zero() {

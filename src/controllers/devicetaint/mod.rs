@@ -48,7 +48,7 @@ use crate::shared::Shared;
 use crate::watches::devices::Kinds;
 use metrics::EvictionMetrics;
 use pacing::Pacing;
-use tracking::Tracking;
+use tracking::{Paced, Tracking};
 
 /// kube-controller-manager's name for it: the workqueue's `name`, the
 /// event source, the status field manager.
@@ -205,9 +205,13 @@ impl Controller {
         self.pacing.lock().unwrap().reserve(rules, Instant::now())
     }
 
-    /// A slot [`Controller::pace`] gave that will not be used.
-    fn give_back_slot(&self, rules: &[String], slot: Instant, now: Instant) {
-        self.pacing.lock().unwrap().give_back(rules, slot, now);
+    /// An eviction that will not use the slot [`Controller::pace`] gave
+    /// it gives it back.
+    fn unpace(&self, paced: Option<Paced>) {
+        if let Some(paced) = paced {
+            let mut pacing = self.pacing.lock().unwrap();
+            pacing.give_back(&paced.rules, paced.slot, Instant::now());
+        }
     }
 }
 

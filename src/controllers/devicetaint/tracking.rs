@@ -424,14 +424,6 @@ impl Controller {
         self.unpace(paced);
     }
 
-    /// An eviction that will not use its pacing slot gives it back.
-    fn unpace(&self, paced: Option<Paced>) {
-        if let Some(paced) = paced {
-            let now = std::time::Instant::now();
-            self.give_back_slot(&paced.rules, paced.slot, now);
-        }
-    }
-
     /// Queues the eviction for its time (leader only), and the status of
     /// each rule among its reasons for a little later.
     fn schedule(&self, key: &str, pending: &Pending) {

@@ -268,20 +268,17 @@ async fn dry_run(
             ensured.rules.len()
         );
     }
-    // Every preview rule of the node (this plan's or, left by a dry run
-    // killed outright, another's: with or without --pod-selector).
-    let mut removing = previewing;
-    match rules_of(client, version, node, args.driver.as_deref()).await {
-        Ok(rules) => removing.extend(
-            rules
-                .into_iter()
-                .filter(|r| r.data["spec"]["taint"]["effect"] == "None")
-                .filter_map(|r| r.metadata.name),
-        ),
+    // Every preview rule of the node: this plan's and, left by a dry run
+    // killed outright, another's (with or without --pod-selector).
+    let removing: Vec<String> = match rules_of(client, version, node, args.driver.as_deref()).await
+    {
+        Ok(rules) => rules
+            .into_iter()
+            .filter(|r| r.data["spec"]["taint"]["effect"] == "None")
+            .filter_map(|r| r.metadata.name)
+            .collect(),
         Err(e) => return failed(e),
-    }
-    removing.sort();
-    removing.dedup();
+    };
     if let Err(e) = delete_rules(client, version, &removing).await {
         return failed(e);
     }

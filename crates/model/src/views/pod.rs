@@ -165,7 +165,7 @@ pub struct PodConditions {
     pub disruption_target: Option<Box<DisruptionTargetSeen>>,
 }
 
-pub(crate) const DISRUPTION_TARGET: &str = "DisruptionTarget";
+const DISRUPTION_TARGET: &str = "DisruptionTarget";
 
 impl<'de> Deserialize<'de> for PodConditions {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -185,17 +185,33 @@ impl<'de> Deserialize<'de> for PodConditions {
         let conditions = Option::<Vec<Condition>>::deserialize(d)?.unwrap_or_default();
         let mut kept = PodConditions::default();
         for c in conditions {
-            kept.scheduling.note(&c.type_, &c.status, &c.reason);
-            if c.type_ == DISRUPTION_TARGET {
-                kept.disruption_target = Some(Box::new(DisruptionTargetSeen {
-                    status: c.status,
-                    reason: Some(c.reason).filter(|r| !r.is_empty()),
-                    message: Some(c.message).filter(|m| !m.is_empty()),
-                    last_transition_time: c.last_transition_time,
-                }));
-            }
+            let time = c.last_transition_time;
+            kept.note(c.type_, c.status, c.reason, c.message, time);
         }
         Ok(kept)
+    }
+}
+
+impl PodConditions {
+    /// Folds one condition in (JSON and protobuf alike; an empty reason or
+    /// message reads as absent).
+    pub(crate) fn note(
+        &mut self,
+        type_: String,
+        status: String,
+        reason: String,
+        message: String,
+        last_transition_time: Option<Time>,
+    ) {
+        self.scheduling.note(&type_, &status, &reason);
+        if type_ == DISRUPTION_TARGET {
+            self.disruption_target = Some(Box::new(DisruptionTargetSeen {
+                status,
+                reason: Some(reason).filter(|r| !r.is_empty()),
+                message: Some(message).filter(|m| !m.is_empty()),
+                last_transition_time,
+            }));
+        }
     }
 }
 

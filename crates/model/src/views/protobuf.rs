@@ -1,8 +1,9 @@
 //! [`PodView`] read from a pod's protobuf bytes, keeping what the JSON path
 //! keeps and nothing more: the same fields, the same slimming (one label,
 //! of the conditions only `PodScheduled` and `DisruptionTarget`, the
-//! containers' last finish), and the JSON path's notion of absent (an empty string, which protobuf writes for
-//! every unset string, reads as absent, as JSON's omitted field does).
+//! containers' last finish), and the JSON path's notion of absent (an
+//! empty string, which protobuf writes for every unset string, reads as
+//! absent, as JSON's omitted field does).
 //! Field numbers are those of `k8s.io/api/core/v1/generated.proto` and
 //! `k8s.io/apimachinery/pkg/apis/meta/v1/generated.proto`.
 
@@ -12,9 +13,8 @@ use k8s_openapi::api::core::v1::{PodResourceClaim, PodResourceClaimStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::{
-    ANNOTATION_VALUE_MAX, DISRUPTION_TARGET, DisruptionTargetSeen, ExtendedClaimRef,
-    POD_LABELS_READ, PodConditions, PodView, PodViewSpec, PodViewStatus, SchedulingGroupRef,
-    fields_v1_own_node_name,
+    ANNOTATION_VALUE_MAX, ExtendedClaimRef, POD_LABELS_READ, PodConditions, PodView, PodViewSpec,
+    PodViewStatus, SchedulingGroupRef, fields_v1_own_node_name,
 };
 use crate::requests::{InitRequests, ResourceList, add_into, parse_list};
 use dra_runtime::protobuf::{FromProtobuf, Value, WireError, fields, map_entry, time};
@@ -214,15 +214,7 @@ fn note_condition(kept: &mut PodConditions, raw: &[u8]) -> Result<(), WireError>
             _ => {}
         }
     }
-    kept.scheduling.note(&type_, &status, &reason);
-    if type_ == DISRUPTION_TARGET {
-        kept.disruption_target = Some(Box::new(DisruptionTargetSeen {
-            status,
-            reason: Some(reason).filter(|r| !r.is_empty()),
-            message: Some(message).filter(|m| !m.is_empty()),
-            last_transition_time: transition,
-        }));
-    }
+    kept.note(type_, status, reason, message, transition);
     Ok(())
 }
 
@@ -301,6 +293,7 @@ mod tests {
 
     use super::*;
     use crate::naming::WATERMARK_LABEL;
+    use crate::views::DisruptionTargetSeen;
 
     const WATCH: &[u8] = include_bytes!("testdata/pods.watch.pb");
     const JSON: &str = include_str!("testdata/pods.json");
@@ -372,15 +365,17 @@ mod tests {
         assert!(!held.metadata.uid.as_deref().unwrap_or_default().is_empty());
     }
 
+    /// Protobuf's base-128 varint.
+    fn varint(mut v: u64, out: &mut Vec<u8>) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+
     /// Protobuf's length-delimited field `number` holding `bytes`.
     fn message_field(number: u32, bytes: &[u8]) -> Vec<u8> {
-        fn varint(mut v: u64, out: &mut Vec<u8>) {
-            while v >= 0x80 {
-                out.push((v as u8) | 0x80);
-                v >>= 7;
-            }
-            out.push(v as u8);
-        }
         let mut out = Vec::new();
         varint(u64::from(number << 3 | 2), &mut out);
         varint(bytes.len() as u64, &mut out);
@@ -398,12 +393,7 @@ mod tests {
             c.extend(message_field(2, b"True"));
             // Time: seconds (field 1, a varint) 1,764,064,800.
             let mut seconds = vec![0x08];
-            let mut v: u64 = 1_764_064_800;
-            while v >= 0x80 {
-                seconds.push((v as u8) | 0x80);
-                v >>= 7;
-            }
-            seconds.push(v as u8);
+            varint(1_764_064_800, &mut seconds);
             c.extend(message_field(4, &seconds));
             c.extend(message_field(5, reason.as_bytes()));
             c.extend(message_field(6, b"evicting"));
